@@ -1,0 +1,75 @@
+"""The notebook end of the cell channel: one message per rank out, output and replies back, over loopback ZMQ.
+
+ipyparallel starts the ranks and stays their control plane (registration, heartbeats, signals, status); cells
+take this shorter path because an ipyparallel execute or apply request costs every engine about 2 ms of CPU in
+the kernel machinery (measured: see benchmarks/RESULTS.md), which on a few cores grows the round trip linearly
+with the number of ranks.
+"""
+
+import secrets
+import time
+
+import zmq
+
+from . import wire
+
+
+class Channel:
+    """Sockets the ranks' agents connect to: a ROUTER that sends cells, a PULL that gathers what comes back."""
+
+    def __init__(self, ip="127.0.0.1"):
+        self.key = secrets.token_bytes(32)
+        context = zmq.Context.instance()
+        self.cells = context.socket(zmq.ROUTER)
+        self.cells.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.cells.setsockopt(zmq.LINGER, 0)
+        self.events = context.socket(zmq.PULL)
+        self.events.setsockopt(zmq.LINGER, 0)
+        host = "127.0.0.1" if ip in ("", "localhost") else ip
+        self.cells_url = f"tcp://{host}:{self.cells.bind_to_random_port(f'tcp://{host}')}"
+        self.events_url = f"tcp://{host}:{self.events.bind_to_random_port(f'tcp://{host}')}"
+        self.poller = zmq.Poller()
+        self.poller.register(self.cells, zmq.POLLIN)
+        self.poller.register(self.events, zmq.POLLIN)
+        self._next_cell = 0
+
+    def wait_for_ranks(self, ranks, timeout):
+        """Wait until every rank's agent said hello; raise ``TimeoutError`` naming the silent ones."""
+        waiting = set(ranks)
+        deadline = time.monotonic() + timeout
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"ranks {sorted(waiting)} did not connect to the cell channel in {timeout:g} s")
+            for message in self.receive(left):
+                if message[0] == "hello":
+                    waiting.discard(message[1])
+
+    def send_cell(self, ranks, code, number):
+        """Send *code* to *ranks*; return the id that its output and replies carry."""
+        self._next_cell += 1
+        cell_id = self._next_cell
+        frames = wire.pack(self.key, ("cell", cell_id, code, number))
+        for rank in ranks:
+            self.cells.send_multipart([str(rank).encode(), *frames])
+        return cell_id
+
+    def receive(self, timeout):
+        """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires)."""
+        messages = []
+        for socket, _ in self.poller.poll(max(0, int(timeout * 1000))):
+            while True:
+                try:
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if socket is self.cells:
+                    frames = frames[1:]  # drop the ROUTER's peer identity
+                message = wire.unpack(self.key, frames)
+                if message is not None:
+                    messages.append(message)
+        return messages
+
+    def close(self):
+        self.cells.close()
+        self.events.close()

@@ -1,0 +1,92 @@
+"""Run a cell on the ranks: stream their output by rank, wait, and turn replies into values or one error."""
+
+import time
+from dataclasses import dataclass, field
+
+from .errors import RankError
+from .output import RankPrinter, rank_ordered
+from .perrank import PerRank
+
+
+@dataclass
+class CellResult:
+    """Everything one ``%%mpi`` cell produced, keyed by rank (plain data: tests and widgets read it)."""
+
+    ranks: list
+    stdout: dict = field(default_factory=dict)
+    stderr: dict = field(default_factory=dict)
+    values: PerRank = field(default_factory=PerRank)
+    errors: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self):
+        return not self.errors
+
+    def rank_ordered(self):
+        """The cell's output rank by rank, in rank order."""
+        return rank_ordered(self.stdout, self.stderr, ranks=self.ranks)
+
+    def raise_for_errors(self):
+        if self.errors:
+            raise RankError(self.errors, self.ranks)
+
+
+def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, interrupt_grace=5.0,
+             liveness_every=0.5):
+    """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
+
+    Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. A rank whose
+    process dies is reported as failed instead of being waited for. A ``KeyboardInterrupt`` while waiting
+    interrupts the ranks, waits up to *interrupt_grace* seconds for them to say where they stopped, and is
+    raised again.
+    """
+    ranks = world.ranks if ranks is None else list(ranks)
+    printer = printer or RankPrinter()
+    result = CellResult(ranks=ranks, stdout={r: "" for r in ranks}, stderr={r: "" for r in ranks})
+    started = time.perf_counter()
+    channel = world.channel
+    cell_id = channel.send_cell(ranks, code, number)
+    replies = {}
+    interrupted = give_up_at = None
+    while len(replies) < len(ranks):
+        try:
+            messages = channel.receive(liveness_every)
+            for message in messages:
+                if message[0] == "out" and message[2] == cell_id:
+                    _, rank, _, name, text = message
+                    getattr(result, name)[rank] += text
+                    if stream:
+                        printer.feed(rank, name, text)
+                elif message[0] == "reply" and message[2] == cell_id:
+                    replies[message[1]] = message[3]
+            if messages:
+                continue
+            for rank in world.dead_ranks(set(ranks) - set(replies)):
+                replies[rank] = {"error": _lost(f"rank {rank} died (its process exited) while running the cell; "
+                                                "%mpi restart starts a fresh world")}
+            if give_up_at is not None and time.monotonic() > give_up_at:
+                break
+        except KeyboardInterrupt as exc:
+            if interrupted is not None:
+                break
+            interrupted, give_up_at = exc, time.monotonic() + interrupt_grace
+            world.interrupt(set(ranks) - set(replies))
+    printer.finish()
+    result.seconds = time.perf_counter() - started
+    for rank in ranks:
+        reply = replies.get(rank)
+        if reply is None:
+            result.errors[rank] = _lost(f"no answer within {interrupt_grace:g} s of the interrupt (stuck in C or an "
+                                        "MPI call?); %mpi restart starts a fresh world")
+        elif "error" in reply:
+            result.errors[rank] = reply["error"]
+        elif reply["value"] is not None:
+            result.values[rank] = reply["value"]
+    if interrupted is not None:
+        raise interrupted
+    return result
+
+
+def _lost(message):
+    return {"ename": "RankLost", "evalue": message, "traceback": []}

@@ -1,0 +1,1 @@
+"""Code that runs on the ranks only: no IPython widgets, no notebook needed."""

@@ -1,0 +1,141 @@
+"""The rank end of the cell channel: cells arrive on the engine's event loop, output and replies leave in order.
+
+Started once per rank when the world starts. Cells are received by the engine's main thread (its IOLoop), so
+user code runs where ipyparallel would run it, with the same namespace. Everything going back — output chunks,
+coalesced every ``flush_interval`` seconds, then the cell's reply — leaves through one outbox thread and one
+socket, so a reply never overtakes its cell's output.
+"""
+
+import io
+import queue
+import sys
+import threading
+import time
+
+import zmq
+
+from .. import wire
+from . import runner
+
+_agent = None
+
+
+def start(*, cells, events, key, rank=None, flush_interval=0.05):
+    """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank."""
+    global _agent
+    if rank is None:
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.rank
+    if _agent is not None:
+        _agent.close()
+    _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval)
+    return rank
+
+
+class Agent:
+    def __init__(self, *, cells, events, key, rank, flush_interval):
+        from tornado.ioloop import IOLoop
+        from zmq.eventloop.zmqstream import ZMQStream
+
+        self.key, self.rank = key, rank
+        context = zmq.Context.instance()
+        self.inbox = context.socket(zmq.DEALER)
+        self.inbox.setsockopt(zmq.IDENTITY, str(rank).encode())
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.connect(cells)
+        self.outbox = Outbox(context, events, key, rank, flush_interval)
+        self.stream = ZMQStream(self.inbox, io_loop=IOLoop.current())
+        self.stream.on_recv(self._on_message)
+        self.inbox.send_multipart(wire.pack(key, ("hello", rank)))
+
+    def _on_message(self, frames):
+        message = wire.unpack(self.key, frames)
+        if message is None or message[0] != "cell":
+            return
+        _, cell_id, code, number = message
+        streams = sys.stdout, sys.stderr
+        sys.stdout = ChannelStream(self.outbox, cell_id, "stdout", streams[0])
+        sys.stderr = ChannelStream(self.outbox, cell_id, "stderr", streams[1])
+        try:
+            reply = runner.run_cell(code, number=number)
+        finally:
+            sys.stdout, sys.stderr = streams
+        self.outbox.put(("reply", self.rank, cell_id, reply))
+
+    def close(self):
+        self.stream.close()
+        self.outbox.close()
+
+
+class ChannelStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` while a cell runs: text goes to the outbox, tagged with the cell."""
+
+    def __init__(self, outbox, cell_id, name, original):
+        self.outbox, self.cell_id, self.name, self.original = outbox, cell_id, name, original
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        if text:
+            self.outbox.put(("out", self.cell_id, self.name, str(text)))
+        return len(text)
+
+    def fileno(self):
+        return self.original.fileno()
+
+
+class Outbox(threading.Thread):
+    """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order."""
+
+    def __init__(self, context, address, key, rank, flush_interval):
+        super().__init__(name="mpinb-outbox", daemon=True)
+        self.key, self.rank, self.flush_interval = key, rank, flush_interval
+        self.queue = queue.SimpleQueue()
+        self.socket = context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.connect(address)
+        self.start()
+
+    def put(self, item):
+        self.queue.put(item)
+
+    def close(self):
+        self.queue.put(None)
+        self.join(timeout=2)
+
+    def run(self):
+        pending, deadline = [], None  # output waiting for the next flush, and when that flush is due
+        while True:
+            try:
+                item = self.queue.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                item = "flush"
+            if item is None:
+                self._send_output(pending)
+                self.socket.close()
+                return
+            if item != "flush" and item[0] == "out":
+                pending.append(item)
+                deadline = deadline or time.monotonic() + self.flush_interval
+                if time.monotonic() < deadline:
+                    continue
+            self._send_output(pending)
+            pending, deadline = [], None
+            if item != "flush" and item[0] != "out":
+                self._send(item)
+
+    def _send_output(self, items):
+        merged = {}
+        for _, cell_id, name, text in items:
+            merged.setdefault((cell_id, name), []).append(text)
+        for (cell_id, name), texts in merged.items():
+            self._send(("out", self.rank, cell_id, name, "".join(texts)))
+
+    def _send(self, message):
+        self.socket.send_multipart(wire.pack(self.key, message))

@@ -1,0 +1,87 @@
+"""Run one cell on this rank the way IPython would, and describe the outcome as plain, picklable data."""
+
+import ast
+import linecache
+import pickle
+import sys
+import traceback
+
+
+class RemoteValue:
+    """Stands in for a rank's value that cannot travel to the notebook (it cannot be pickled)."""
+
+    def __init__(self, type_name, text):
+        self.type_name = type_name
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def run_cell(code, *, number=0, namespace=None):
+    """Execute *code* in *namespace* and return ``{"value": ...}`` or ``{"error": {...}}``.
+
+    IPython syntax (``%magics``, ``!shell``) works when an IPython shell runs this rank, and tracebacks name
+    the cell as ``Cell In[number]``; the value of a final expression is returned, as in a notebook cell. Exceptions never escape: they come back described, so one
+    failing rank never turns into a lost reply.
+    """
+    shell = _shell()
+    if namespace is None:
+        namespace = shell.user_ns if shell is not None else sys.modules["__main__"].__dict__
+    try:
+        if shell is not None:
+            source = shell.transform_cell(code)
+            filename = shell.compile.cache(source, number, raw_code=code)
+        else:
+            source, filename = code, f"<mpi cell {number}>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        body, last = _compile(source, filename)
+        exec(body, namespace)
+        value = eval(last, namespace) if last is not None else None
+    except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported
+        return {"error": describe_error(exc, shell)}
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    if value is not None:
+        namespace["_"] = value
+    return {"value": portable(value)}
+
+
+def _shell():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _compile(source, filename):
+    tree = ast.parse(source, filename=filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = compile(ast.Expression(tree.body.pop().value), filename, "eval")
+    return compile(tree, filename, "exec"), last
+
+
+def describe_error(exc, shell=None):
+    """Type, message and a traceback rendered like IPython's (frames of this module left out)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    if shell is not None:
+        lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
+    else:
+        lines = traceback.format_exception(type(exc), exc, tb)
+    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": list(lines)}
+
+
+def portable(value):
+    """*value* itself when it pickles, else a :class:`RemoteValue` carrying its repr."""
+    if value is None:
+        return None
+    try:
+        pickle.dumps(value, protocol=5, buffer_callback=lambda buffer: None)
+    except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel"
+        return RemoteValue(type(value).__name__, repr(value))
+    return value

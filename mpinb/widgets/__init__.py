@@ -1,0 +1,1 @@
+"""Notebook views: plain data models in, widgets (or text, outside a notebook) out."""

@@ -1,0 +1,29 @@
+"""``%mpi status`` as a table widget in a notebook and as aligned text in a terminal."""
+
+COLUMNS = ("rank", "host", "pid", "state")
+_STATE_COLOURS = {"idle": "#2e7d32", "busy": "#ef6c00", "dead": "#c62828"}
+
+
+def status_text(rows, header):
+    """*rows* (dicts with rank, host, pid, state) as a header line and an aligned table."""
+    table = [COLUMNS] + [tuple(str(row[c]) for c in COLUMNS) for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    return "\n".join([header, *lines])
+
+
+def status_widget(rows, header):
+    """The same table as an ipywidgets ``GridBox`` (one cell widget per value) under an HTML header."""
+    import ipywidgets as w
+
+    cells = [w.HTML(f"<b>{name}</b>") for name in COLUMNS]
+    for row in rows:
+        for name in COLUMNS:
+            value = str(row[name])
+            if name == "state":
+                cells.append(w.HTML(f"<span style='color:{_STATE_COLOURS.get(value, 'inherit')}'>{value}</span>"))
+            else:
+                cells.append(w.Label(value))
+    grid = w.GridBox(cells, layout=w.Layout(grid_template_columns=f"repeat({len(COLUMNS)}, max-content)",
+                                            grid_gap="2px 24px"))
+    return w.VBox([w.HTML(f"<b>{header}</b>"), grid])
