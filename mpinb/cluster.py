@@ -22,6 +22,9 @@ log = logging.getLogger("mpinb")
 
 _live_worlds = weakref.WeakSet()
 
+# Keep MPI's own traffic on loopback too (libfabric's tcp/sockets providers, UCX), unless asked otherwise.
+LOOPBACK_ENV = {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo", "UCX_NET_DEVICES": "lo"}
+
 
 class World:
     """An MPI world of ``size`` ranks, one ipyparallel engine per rank, all under one ``mpiexec``.
@@ -91,6 +94,8 @@ class World:
         config = Config()
         config.MPILauncher.mpi_cmd = [mpiexec]
         config.MPILauncher.mpi_args = self.mpiexec_args
+        if self.ip.startswith("127.") or self.ip == "localhost":
+            config.MPIEngineSetLauncher.environment = LOOPBACK_ENV
         self.cluster = ipp.Cluster(
             engines="mpi",
             n=self.size,

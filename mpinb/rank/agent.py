@@ -8,6 +8,7 @@ socket, so a reply never overtakes its cell's output.
 
 import io
 import queue
+import signal
 import sys
 import threading
 import time
@@ -57,9 +58,12 @@ class Agent:
         streams = sys.stdout, sys.stderr
         sys.stdout = ChannelStream(self.outbox, cell_id, "stdout", streams[0])
         sys.stderr = ChannelStream(self.outbox, cell_id, "stderr", streams[1])
+        # the kernel ignores SIGINT between requests; while a cell runs, SIGINT must interrupt it
+        sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             reply = runner.run_cell(code, number=number)
         finally:
+            signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
         self.outbox.put(("reply", self.rank, cell_id, reply))
 

@@ -1,0 +1,51 @@
+import psutil
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """A real IPython shell with mpinb loaded, as a user gets it from ``%load_ext mpinb``."""
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "mpinb")
+    yield shell
+    shell.run_line_magic("unload_ext", "mpinb")
+
+
+@pytest.fixture(scope="session")
+def magics(ip):
+    return ip.magics_manager.registry["MPIMagics"]
+
+
+@pytest.fixture
+def mpi(ip, magics):
+    """Run a ``%%mpi`` cell: ``mpi(code, line="")`` returns what the magic returns."""
+
+    def run(code, line=""):
+        return ip.run_cell_magic("mpi", line, code)
+
+    return run
+
+
+@pytest.fixture
+def world_of(ip, magics):
+    """Make sure the shell's world has the given size, restarting it only when it differs."""
+
+    def ensure(size):
+        if magics.world is None or not magics.world.running:
+            ip.run_line_magic("mpi", f"start -n {size}")
+        elif magics.world.size != size:
+            ip.run_line_magic("mpi", f"restart -n {size}")
+        return magics.world
+
+    return ensure
+
+
+def world_processes(world):
+    """Every process the world started (controller, mpiexec, its proxy, the engines), as psutil objects."""
+    return list(world._processes)
+
+
+def assert_all_gone(processes, timeout=10):
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    assert not alive, f"processes left behind: {[(p.pid, p.name()) for p in alive]}"

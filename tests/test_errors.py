@@ -1,0 +1,26 @@
+from mpinb.errors import RankError
+
+
+def failure(ename, evalue, tb=("Traceback line",)):
+    return {"ename": ename, "evalue": evalue, "traceback": list(tb)}
+
+
+def test_identical_failures_are_merged_with_every_rank_listed():
+    error = RankError({r: failure("ZeroDivisionError", "division by zero") for r in range(4)}, range(4))
+    assert "ranks 0-3: ZeroDivisionError: division by zero" in str(error)
+    rendered = error._render_traceback_()
+    assert sum("Traceback line" in line for line in rendered) == 1
+
+
+def test_different_failures_are_listed_each_with_no_cap():
+    failures = {r: failure("ValueError", f"bad {r}") for r in range(0, 40, 2)}
+    error = RankError(failures, range(40))
+    for r in range(0, 40, 2):
+        assert f"rank {r}: ValueError: bad {r}" in str(error)
+    assert "20 of 40" in str(error)
+
+
+def test_groups_keep_rank_order():
+    error = RankError({3: failure("KeyError", "'k'"), 0: failure("KeyError", "'k'"), 1: failure("OSError", "x")},
+                      range(4))
+    assert [ranks for ranks, _ in error.groups] == [[0, 3], [1]]

@@ -1,0 +1,147 @@
+"""%%mpi on real mpiexec worlds, through load_ext and run_cell_magic on a real InteractiveShell."""
+
+import _thread
+import re
+import threading
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+from mpinb.errors import RankError
+from mpinb.perrank import PerRank
+from mpinb.rank.runner import RemoteValue
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_hello_from_every_rank_and_state_persists(size, world_of, mpi, capsys):
+    world_of(size)
+    mpi('print(f"hello from {rank} of {size}")\nx = rank * 10')
+    out = capsys.readouterr().out
+    for r in range(size):
+        assert f"[rank {r}] hello from {r} of {size}\n" in out
+    assert mpi("print(x + 1)\nx") == PerRank({r: r * 10 for r in range(size)})
+    out = capsys.readouterr().out
+    for r in range(size):
+        assert f"[rank {r}] {r * 10 + 1}\n" in out
+
+
+def test_comm_is_the_mpi_world(world_of, mpi):
+    world_of(4)
+    assert mpi("comm.allreduce(rank)") == PerRank({r: 6 for r in range(4)})
+
+
+def test_ranks_subset(world_of, mpi, capsys):
+    world_of(4)
+    assert mpi("rank", line="--ranks 1,3") == {1: 1, 3: 3}
+    assert mpi("rank", line="--ranks 0-1") == {0: 0, 1: 1}
+    with pytest.raises(UsageError, match="not in this world of 4"):
+        mpi("rank", line="--ranks 7")
+
+
+def test_stderr_is_labelled_on_the_notebook_stderr(world_of, mpi, capsys):
+    world_of(2)
+    mpi('import sys\nprint("careful", file=sys.stderr)\nprint("fine")')
+    captured = capsys.readouterr()
+    assert "[rank 1] careful" in captured.err and "careful" not in captured.out
+    assert "[rank 1] fine" in captured.out
+
+
+def test_output_streams_while_the_cell_runs(world_of, ip, magics, capsys):
+    world_of(2)
+    seen_at = {}
+    from mpinb import execute
+    from mpinb.output import RankPrinter
+
+    class Clock(RankPrinter):
+        def feed(self, rank, name, text):
+            seen_at.setdefault(text.strip(), time.monotonic())
+
+    start = time.monotonic()
+    execute.run_cell(magics.world, 'import time\nprint("early", flush=True)\ntime.sleep(2)\nprint("late")',
+                     printer=Clock())
+    assert seen_at["early"] - start < 1.5, "first line arrived only with the reply"
+    assert seen_at["late"] - start >= 2
+
+
+def test_identical_errors_merge_and_the_world_stays_usable(world_of, mpi, capsys):
+    world_of(4)
+    mpi("y = rank")
+    with pytest.raises(RankError) as info:
+        mpi("print('before')\n1 / 0")
+    error = info.value
+    assert "ranks 0-3: ZeroDivisionError: division by zero" in str(error)
+    assert sorted(error.failures) == [0, 1, 2, 3]
+    rendered = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error._render_traceback_()))
+    assert rendered.count("ZeroDivisionError") >= 2 and "1 / 0" in rendered
+    assert "[rank 2] before" in capsys.readouterr().out
+    assert mpi("y") == {r: r for r in range(4)}
+
+
+def test_every_failing_rank_is_named(world_of, mpi):
+    world_of(4)
+    with pytest.raises(RankError) as info:
+        mpi('if rank % 2:\n    raise ValueError(f"bad {rank}")\nelse:\n    {}["k"]')
+    text = str(info.value)
+    assert "ranks 0, 2: KeyError: 'k'" in text
+    assert "rank 1: ValueError: bad 1" in text and "rank 3: ValueError: bad 3" in text
+
+
+def test_one_failing_rank_keeps_the_others_output(world_of, magics, mpi, capsys):
+    world_of(2)
+    with pytest.raises(RankError, match="rank 1: RuntimeError: only me"):
+        mpi('print("done", rank)\nif rank == 1:\n    raise RuntimeError("only me")\nrank')
+    assert "[rank 0] done 0" in capsys.readouterr().out
+    assert magics.last.values == {0: 0}
+
+
+def test_syntax_errors_come_back_merged(world_of, mpi):
+    world_of(2)
+    with pytest.raises(RankError, match="ranks 0-1: SyntaxError"):
+        mpi("def broken(:\n    pass")
+
+
+def test_ipython_syntax_works_on_ranks(world_of, mpi):
+    world_of(2)
+    assert mpi("%time z = 2 ** 10\nz") == {0: 1024, 1: 1024}
+
+
+def test_unpicklable_values_come_back_as_their_repr(world_of, mpi):
+    world_of(2)
+    values = mpi("import threading\nthreading.Lock()")
+    assert isinstance(values[0], RemoteValue) and "lock" in repr(values[0])
+
+
+def test_no_stream_prints_rank_by_rank_at_the_end(world_of, ip, mpi, capsys):
+    world_of(2)
+    mpi("print('a', rank)\nprint('b', rank)", line="--no-stream")
+    out = capsys.readouterr().out
+    assert "--- rank 0 ---\na 0\nb 0\n--- rank 1 ---\na 1\nb 1" in out
+    ip.run_line_magic("mpi", "output")
+    assert "--- rank 1 ---\na 1\nb 1" in capsys.readouterr().out
+
+
+def test_interrupt_reaches_every_rank_and_the_next_cell_works(world_of, mpi):
+    world_of(2)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        mpi("import time\nfor _ in range(600):\n    time.sleep(0.05)")
+    assert time.monotonic() - started < 6
+    assert mpi("rank") == {0: 0, 1: 1}
+
+
+def test_wrong_arguments_are_usage_errors(world_of, mpi, ip):
+    world = world_of(2)
+    with pytest.raises(UsageError, match="restart -n 3"):
+        mpi("pass", line="-n 3")
+    with pytest.raises(UsageError):
+        mpi("pass", line="--bogus")
+    with pytest.raises(UsageError, match="already running"):
+        ip.run_line_magic("mpi", "start -n 2")
+    with pytest.raises(UsageError):
+        ip.run_line_magic("mpi", "launch")
+    assert world.running

@@ -1,0 +1,141 @@
+"""Start, stop, restart, status and preflight of real MPI worlds; nothing may be left running."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from conftest import assert_all_gone, world_processes
+from mpinb.errors import MPIError
+from mpinb.preflight import mpi_library
+from mpinb.widgets.status import status_widget
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+
+def test_one_process_per_rank_and_stop_leaves_nothing(ip, magics, world_of, capsys):
+    world = world_of(2)
+    processes = world_processes(world)
+    names = sorted(p.name() for p in processes)
+    assert names.count("mpiexec") == 1 and names.count("hydra_pmi_proxy") == 1
+    engines = [p for p in processes if p.cmdline()[-2:] == ["ipyparallel.engine", "--mpi"] and p.name() != "mpiexec"]
+    assert sorted(p.pid for p in engines) == sorted(world.identities[r]["pid"] for r in world.ranks)
+    ip.run_line_magic("mpi", "stop")
+    assert "stopped" in capsys.readouterr().out
+    assert_all_gone(processes)
+    assert magics.world is None
+    ip.run_line_magic("mpi", "stop")
+    assert "no MPI world is running" in capsys.readouterr().out
+
+
+def test_restart_gives_fresh_processes_and_forgets_names(ip, magics, world_of, mpi):
+    world = world_of(2)
+    mpi("kept = 1")
+    before = world_processes(world)
+    old_pids = {world.identities[r]["pid"] for r in world.ranks}
+    ip.run_line_magic("mpi", "restart")
+    assert_all_gone(before)
+    assert magics.world.size == 2
+    assert not old_pids & {magics.world.identities[r]["pid"] for r in magics.world.ranks}
+    assert mpi("'kept' in dir()") == {0: False, 1: False}
+    ip.run_line_magic("mpi", "restart -n 3")
+    assert mpi("size") == {0: 3, 1: 3, 2: 3}
+
+
+def test_cell_magic_starts_a_world_on_first_use(ip, magics, mpi, capsys):
+    if magics.world is not None:
+        ip.run_line_magic("mpi", "stop")
+    assert mpi("size", line="-n 3") == {0: 3, 1: 3, 2: 3}
+    assert "MPI world of 3 ranks started" in capsys.readouterr().out
+
+
+def test_default_ranks_is_configurable(ip, magics, mpi):
+    ip.run_line_magic("mpi", "stop")
+    ip.run_line_magic("config", "MPIMagics.default_ranks = 1")
+    try:
+        assert mpi("size") == {0: 1}
+    finally:
+        ip.run_line_magic("config", "MPIMagics.default_ranks = 2")
+
+
+def test_status_as_text_in_a_terminal(ip, world_of, capsys):
+    world = world_of(2)
+    ip.run_line_magic("mpi", "status")
+    out = capsys.readouterr().out
+    assert "MPI world of 2 ranks (MPICH" in out
+    lines = out[out.index("MPI world of 2 ranks (MPICH"):].strip().splitlines()
+    assert lines[1].split() == ["rank", "host", "pid", "state"]
+    for rank, line in zip(world.ranks, lines[2:]):
+        assert line.split() == [str(rank), world.identities[rank]["host"], str(world.identities[rank]["pid"]), "idle"]
+
+
+def test_status_widget_shows_every_rank(world_of):
+    world = world_of(2)
+    rows = world.status()
+    widget = status_widget(rows, world.describe())
+    header, grid = widget.children
+    values = [getattr(cell, "value", "") for cell in grid.children]
+    assert len(values) == 4 * (len(rows) + 1)
+    assert str(world.identities[1]["pid"]) in values
+    assert "MPI world of 2 ranks" in header.value
+
+
+def test_missing_mpiexec_is_a_usage_error_saying_what_to_do(ip, magics, tmp_path):
+    ip.run_line_magic("mpi", "stop")
+    with pytest.raises(UsageError, match="(?s)mpiexec not found.*pip install mpich"):
+        ip.run_line_magic("mpi", f"start -n 2 --mpiexec {tmp_path / 'no-such-mpiexec'}")
+    assert magics.world is None
+
+
+def test_python_without_mpi4py_is_a_usage_error(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    with pytest.raises(UsageError, match="mpi4py cannot load an MPI library"):
+        mpi_library(str(tmp_path / "bare" / "bin" / "python"))
+
+
+def test_mpiexec_of_another_mpi_is_detected(ip, magics, tmp_path):
+    """An mpiexec that starts N unconnected processes (what a foreign MPI's mpiexec does) is refused."""
+    launcher = tmp_path / "foreign-mpiexec"
+    launcher.write_text(textwrap.dedent("""\
+        #!/usr/bin/env bash
+        n=$2; shift 2
+        for i in $(seq "$n"); do "$@" & done
+        wait
+    """))
+    launcher.chmod(0o755)
+    ip.run_line_magic("mpi", "stop")
+    with pytest.raises(MPIError, match="does not belong to the MPI library"):
+        ip.run_line_magic("mpi", f"start -n 2 --mpiexec {launcher}")
+    assert magics.world is None
+    leftovers = [p for p in psutil.Process().children(recursive=True) if "ipyparallel" in " ".join(p.cmdline())]
+    assert_all_gone(leftovers)
+
+
+def test_kernel_exit_leaves_no_process(tmp_path):
+    script = textwrap.dedent("""\
+        import json, psutil
+        from IPython.core.interactiveshell import InteractiveShell
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "mpinb")
+        ip.run_cell_magic("mpi", "-n 2", "x = rank")
+        pids = [p.pid for p in psutil.Process().children(recursive=True)]
+        print("PIDS", json.dumps(pids), flush=True)
+        # exit without %mpi stop: the world must go with the process
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 0, done.stderr
+    pids = json.loads(done.stdout.split("PIDS", 1)[1].splitlines()[0])
+    assert len(pids) >= 5  # controller, mpiexec, hydra_pmi_proxy, two engines
+    survivors = []
+    for pid in pids:
+        try:
+            survivors.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    assert_all_gone(survivors)
