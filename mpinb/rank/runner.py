@@ -7,6 +7,9 @@ import sys
 import traceback
 
 
+_RESULT = "_mpinb_cell_value"
+
+
 class RemoteValue:
     """Stands in for a rank's value that cannot travel to the notebook (it cannot be pickled)."""
 
@@ -35,9 +38,8 @@ def run_cell(code, *, number=0, namespace=None):
         else:
             source, filename = code, f"<mpi cell {number}>"
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        body, last = _compile(source, filename)
-        exec(body, namespace)
-        value = eval(last, namespace) if last is not None else None
+        exec(_compile(source, filename), namespace)
+        value = namespace.pop(_RESULT, None)
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported
         return {"error": describe_error(exc, shell)}
     finally:
@@ -57,11 +59,14 @@ def _shell():
 
 
 def _compile(source, filename):
+    """Compile a cell; a final expression becomes an assignment to ``_RESULT`` so its value can be picked up."""
     tree = ast.parse(source, filename=filename)
-    last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = compile(ast.Expression(tree.body.pop().value), filename, "eval")
-    return compile(tree, filename, "exec"), last
+        last = tree.body[-1]
+        target = ast.Name(id=_RESULT, ctx=ast.Store())
+        tree.body[-1] = ast.copy_location(ast.Assign(targets=[target], value=last.value), last)
+        ast.fix_missing_locations(tree)
+    return compile(tree, filename, "exec")
 
 
 def describe_error(exc, shell=None):
