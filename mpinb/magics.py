@@ -202,7 +202,8 @@ class MPIMagics(Magics):
     def run(self, cell, *, ranks=None, stream=True):
         """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed."""
         printer = RankPrinter(color=_color(self.shell))
-        number = getattr(self.shell, "execution_count", 0)
+        # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
+        number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
         self.last = result = execute.run_cell(
             self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer,
             interrupt_grace=self.interrupt_grace,
