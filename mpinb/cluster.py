@@ -72,7 +72,6 @@ class World:
         self.identities = {}  # rank -> {"rank", "size", "host", "pid", "mpi"}
         self.started_at = None
         self._processes = []
-        self._views = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -113,8 +112,9 @@ class World:
             self.client = self.cluster.connect_client_sync()
             self._wait_for_engines()
             self._processes = self._launched_processes()
-            self._learn_ranks()
-            self._open_channel()
+            everyone = self.client.direct_view(targets=list(self.client.ids))
+            self._learn_ranks(everyone)
+            self._open_channel(everyone)
         except BaseException:
             self.stop()
             raise
@@ -125,7 +125,6 @@ class World:
         """Stop every process this world started; those that do not exit in time are killed by pid."""
         cluster, client, channel = self.cluster, self.client, self.channel
         self.cluster = self.client = self.channel = None
-        self._views.clear()
         if channel is not None:
             channel.close()
         processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
@@ -155,13 +154,6 @@ class World:
         return self.start()
 
     # ------------------------------------------------------------------ use
-
-    def view(self, ranks=None):
-        """An ipyparallel ``DirectView`` on *ranks* (default: all), built once per rank set."""
-        key = tuple(self.ranks if ranks is None else ranks)
-        if key not in self._views:
-            self._views[key] = self.client.direct_view(targets=[self.engines[r] for r in key])
-        return self._views[key]
 
     def interrupt(self, ranks=None):
         """Send SIGINT to *ranks*: by pid when they run on this host, else through ipyparallel."""
@@ -272,18 +264,17 @@ class World:
                 pass
         return processes
 
-    def _open_channel(self):
+    def _open_channel(self, view):
         self.channel = Channel(self.ip)
-        self.view().apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
-                               key=self.channel.key)
+        view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
+                        key=self.channel.key)
         self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
 
     def _controller_alive(self):
         process = getattr(self.cluster.controller, "process", None)
         return process is None or _is_alive(process)
 
-    def _learn_ranks(self):
-        view = self.client.direct_view(targets=list(self.client.ids))
+    def _learn_ranks(self, view):
         replies = view.apply_async(rank_world.init_world).get(timeout=self.start_timeout)
         sizes = {who["size"] for who in replies}
         ranks = sorted(who["rank"] for who in replies)

@@ -164,10 +164,7 @@ class MPIMagics(Magics):
             heartbeat_ms=self.heartbeat_ms,
             start_timeout=self.start_timeout,
         )
-        tic = time.perf_counter()
-        self.world = world.start()
-        mpi = world.identities[0]["mpi"]
-        print(f"MPI world of {n} rank{'s' if n != 1 else ''} started in {time.perf_counter() - tic:.1f} s ({mpi})")
+        self.world = _timed_start(world.start)
         return world
 
     def stop(self):
@@ -182,11 +179,7 @@ class MPIMagics(Magics):
     def restart(self, *, n=None):
         if self.world is None:
             raise UsageError("no MPI world to restart: %mpi start -n N starts one")
-        n = self.world.size if n is None else n
-        old = self.world
-        self.world = None
-        old.stop()
-        self.start(n=n, mpiexec=old.mpiexec, mpiexec_args=old.mpiexec_args)
+        _timed_start(lambda: self.world.restart(size=n))
 
     def ensure_world(self, *, n=None):
         """The running world; start one of *n* ranks if there is none. A size mismatch is a ``UsageError``."""
@@ -223,6 +216,16 @@ class MPIMagics(Magics):
             display(status_widget(rows, header))
         else:
             print(status_text(rows, header))
+
+
+def _timed_start(start):
+    """Call *start* (which returns a started World) and say how big it is and how long it took."""
+    tic = time.perf_counter()
+    world = start()
+    n = world.size
+    print(f"MPI world of {n} rank{'s' if n != 1 else ''} started in {time.perf_counter() - tic:.1f} s "
+          f"({world.identities[0]['mpi']})")
+    return world
 
 
 def _line_parser():

@@ -65,7 +65,14 @@ class Agent:
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
-        self.outbox.put(("reply", self.rank, cell_id, reply))
+        self.outbox.put(("packed", self._pack_reply(cell_id, reply)))
+
+    def _pack_reply(self, cell_id, reply):
+        """Pickle the reply once, here on the main thread (the next cell cannot change the value meanwhile)."""
+        try:
+            return wire.pack(self.key, ("reply", self.rank, cell_id, reply))
+        except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel": send its repr instead
+            return wire.pack(self.key, ("reply", self.rank, cell_id, {"value": runner.stand_in(reply["value"])}))
 
     def close(self):
         self.stream.close()
@@ -131,8 +138,8 @@ class Outbox(threading.Thread):
                     continue
             self._send_output(pending)
             pending, deadline = [], None
-            if item != "flush" and item[0] != "out":
-                self._send(item)
+            if item != "flush" and item[0] == "packed":
+                self.socket.send_multipart(item[1])
 
     def _send_output(self, items):
         merged = {}

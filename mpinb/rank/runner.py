@@ -2,7 +2,6 @@
 
 import ast
 import linecache
-import pickle
 import sys
 import traceback
 
@@ -25,8 +24,9 @@ def run_cell(code, *, number=0, namespace=None):
     """Execute *code* in *namespace* and return ``{"value": ...}`` or ``{"error": {...}}``.
 
     IPython syntax (``%magics``, ``!shell``) works when an IPython shell runs this rank, and tracebacks name
-    the cell as ``Cell In[number]``; the value of a final expression is returned, as in a notebook cell. Exceptions never escape: they come back described, so one
-    failing rank never turns into a lost reply.
+    the cell as ``Cell In[number]``; the value of a final expression is returned, as in a notebook cell.
+    Exceptions never escape: they come back described, so one failing rank never turns into a lost reply.
+    The value is returned as it is; whoever sends it uses :func:`stand_in` if it does not pickle.
     """
     shell = _shell()
     if namespace is None:
@@ -47,7 +47,7 @@ def run_cell(code, *, number=0, namespace=None):
             stream.flush()
     if value is not None:
         namespace["_"] = value
-    return {"value": portable(value)}
+    return {"value": value}
 
 
 def _shell():
@@ -81,12 +81,6 @@ def describe_error(exc, shell=None):
     return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": list(lines)}
 
 
-def portable(value):
-    """*value* itself when it pickles, else a :class:`RemoteValue` carrying its repr."""
-    if value is None:
-        return None
-    try:
-        pickle.dumps(value, protocol=5, buffer_callback=lambda buffer: None)
-    except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel"
-        return RemoteValue(type(value).__name__, repr(value))
-    return value
+def stand_in(value):
+    """A :class:`RemoteValue` carrying *value*'s repr, for a value that cannot be pickled."""
+    return RemoteValue(type(value).__name__, repr(value))
