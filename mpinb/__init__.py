@@ -1,7 +1,38 @@
-"""mpinb: a Jupyter notebook as the driver of a real MPI job (``%load_ext mpinb``, then ``%%mpi``)."""
+"""mpinb: a Jupyter notebook as the driver of a real MPI job (``%load_ext mpinb``, then ``%%mpi``).
+
+On ranks (and in scripts run with plain ``mpiexec``): :func:`report`. In the notebook: :func:`metrics`,
+:func:`read_metrics`. Importing mpinb imports neither IPython nor ipywidgets.
+"""
+
+from .rank.report import report
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["__version__", "load_ipython_extension", "metrics", "read_metrics", "report",
+           "unload_ipython_extension"]
+
+
+def metrics(run=None):
+    """Everything ``mpinb.report()`` sent in the current world (or its last one) as a pandas DataFrame.
+
+    Columns: ``run, rank, step, name, value, time`` (one row per rank, step and metric; ``time`` is when the
+    rank reported it), sorted by run, rank and step. Nothing is decimated: every reported value is here.
+    *run* keeps one run only. Call it in the notebook, after ``%load_ext mpinb``.
+    """
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    magics = shell.magics_manager.registry.get("MPIMagics") if shell is not None else None
+    if magics is None:
+        raise RuntimeError("mpinb.metrics() reads the notebook's copy of what ranks reported: call it in the "
+                           "notebook after %load_ext mpinb (on a rank, mpinb.report() is what sends values)")
+    return magics.history.to_frame(run)
+
+
+def read_metrics(pattern):
+    """The JSON lines ranks wrote under plain mpiexec with ``MPINB_METRICS_FILE`` set, as :func:`metrics` gives."""
+    from .widgets.history import read_metrics
+
+    return read_metrics(pattern)
 
 
 def load_ipython_extension(ipython):

@@ -45,11 +45,14 @@ class Channel:
                 if message[0] == "hello":
                     waiting.discard(message[1])
 
-    def send_cell(self, ranks, code, number):
-        """Send *code* to *ranks*; return the id that its output and replies carry."""
+    def send_cell(self, ranks, code, number, options=None):
+        """Send *code* to *ranks*; return the id that its output and replies carry.
+
+        *options* (a dict) set how the ranks' agents behave from this cell on, e.g. ``report_interval``.
+        """
         self._next_cell += 1
         cell_id = self._next_cell
-        frames = wire.pack(self.key, ("cell", cell_id, code, number))
+        frames = wire.pack(self.key, ("cell", cell_id, code, number, options or {}))
         for rank in ranks:
             self.cells.send_multipart([str(rank).encode(), *frames])
         return cell_id

@@ -131,6 +131,9 @@ class World:
         if client is not None:
             client.close()
         if cluster is not None:
+            # stopped engines make mpiexec exit non-zero, which ipyparallel logs as a warning with the engines'
+            # start-up logs: expected here, and noise in a notebook
+            cluster.log.setLevel(logging.ERROR)
             try:
                 cluster.stop_cluster_sync()
             except Exception as exc:  # noqa: BLE001 - a half-dead world must still be cleaned up

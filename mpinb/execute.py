@@ -32,40 +32,50 @@ class CellResult:
             raise RankError(self.errors, self.ranks)
 
 
-def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, interrupt_grace=5.0,
-             liveness_every=0.5):
+def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, metrics=None, options=None,
+             interrupt_grace=5.0, liveness_every=0.5):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
-    Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. A rank whose
-    process dies is reported as failed instead of being waited for. A ``KeyboardInterrupt`` while waiting
-    interrupts the ranks, waits up to *interrupt_grace* seconds for them to say where they stopped, and is
-    raised again.
+    Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
+    from ``mpinb.report()`` go to *metrics* (a :class:`~mpinb.live.LiveMetrics`), which is ticked between
+    messages. *options* travel with the cell to the ranks' agents. A rank whose process dies is reported as
+    failed instead of being waited for (checked every *liveness_every* s). A ``KeyboardInterrupt`` while
+    waiting interrupts the ranks, waits up to *interrupt_grace* seconds for them to say where they stopped,
+    and is raised again.
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()
     result = CellResult(ranks=ranks, stdout={r: "" for r in ranks}, stderr={r: "" for r in ranks})
     started = time.perf_counter()
     channel = world.channel
-    cell_id = channel.send_cell(ranks, code, number)
+    cell_id = channel.send_cell(ranks, code, number, options)
     replies = {}
     interrupted = give_up_at = None
+    check_liveness_at = time.monotonic() + liveness_every
+    wait = liveness_every if metrics is None else min(liveness_every, metrics.refresh_interval)
     while len(replies) < len(ranks):
         try:
-            messages = channel.receive(liveness_every)
-            for message in messages:
-                if message[0] == "out" and message[2] == cell_id:
+            for message in channel.receive(wait):
+                kind = message[0]
+                if kind == "out" and message[2] == cell_id:
                     _, rank, _, name, text = message
                     getattr(result, name)[rank] += text
                     if stream:
                         printer.feed(rank, name, text)
-                elif message[0] == "reply" and message[2] == cell_id:
+                elif kind == "metrics" and metrics is not None:
+                    metrics.add(message[1], message[2])
+                elif kind == "reply" and message[2] == cell_id:
                     replies[message[1]] = message[3]
-            if messages:
+            now = time.monotonic()
+            if metrics is not None:
+                metrics.tick(now)
+            if now < check_liveness_at:
                 continue
+            check_liveness_at = now + liveness_every
             for rank in world.dead_ranks(set(ranks) - set(replies)):
                 replies[rank] = {"error": _lost(f"rank {rank} died (its process exited) while running the cell; "
                                                 "%mpi restart starts a fresh world")}
-            if give_up_at is not None and time.monotonic() > give_up_at:
+            if give_up_at is not None and now > give_up_at:
                 break
         except KeyboardInterrupt as exc:
             if interrupted is not None:
@@ -73,6 +83,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, in
             interrupted, give_up_at = exc, time.monotonic() + interrupt_grace
             world.interrupt(set(ranks) - set(replies))
     printer.finish()
+    if metrics is not None:
+        metrics.finish()
     result.seconds = time.perf_counter() - started
     for rank in ranks:
         reply = replies.get(rank)

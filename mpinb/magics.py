@@ -9,13 +9,16 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
-from traitlets import Bool, Float, Integer, List, Unicode
+from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
 from . import execute
 from .cluster import World
+from .live import LiveMetrics
 from .output import RankPrinter
 from .ranks import parse_ranks
+from .widgets.history import History
 from .widgets.status import status_text, status_widget
+from .widgets.summary import summary_text
 
 
 @magics_class
@@ -33,11 +36,19 @@ class MPIMagics(Magics):
     heartbeat_ms = Integer(500, config=True, help="Controller-engine heartbeat period in milliseconds.")
     stream = Bool(True, config=True, help="Print rank output while the cell runs (else in rank order at the end).")
     interrupt_grace = Float(5.0, config=True, help="Seconds ranks get to stop after an interrupt before giving up.")
+    report_interval = Float(0.1, config=True, help="Seconds each rank buffers mpinb.report() values between sends.")
+    refresh_interval = Float(0.25, config=True, help="Seconds between redraws of the live metric charts at most.")
+    max_points = Integer(1000, config=True, help="Points drawn per curve at most (the history keeps every value).")
+    live_view = Enum(["auto", "widgets", "text", "off"], "auto", config=True,
+                     help="How mpinb.report() values show while a cell runs: auto (widgets in a notebook, text in "
+                          "a terminal), widgets, text, or off (only kept for mpinb.metrics()).")
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
         self.world = None
-        self.last = None
+        self.last = None  # the last cell's CellResult
+        self.live = None  # the last cell's LiveMetrics (its view, if it drew one)
+        self.history = History()
 
     # ------------------------------------------------------------------ %mpi
 
@@ -52,11 +63,14 @@ class MPIMagics(Magics):
             %mpi restart [-n N]
             %mpi status
             %mpi output
+            %mpi metrics [--run NAME]
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``restart`` gives fresh processes
         (every rank's variables are lost), of a new size with ``-n``. ``status`` lists rank, host, pid and
-        state. ``output`` shows the last cell's output rank by rank. The world stops with the kernel.
+        state. ``output`` shows the last cell's output rank by rank. ``metrics`` shows the charts and per-rank
+table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
+The world stops with the kernel.
 
         Examples
         --------
@@ -92,6 +106,8 @@ class MPIMagics(Magics):
                 print("no %%mpi cell has run yet")
             else:
                 print(self.last.rank_ordered())
+        elif args.command == "metrics":
+            self.show_metrics(run=args.run)
 
     # ------------------------------------------------------------------ %%mpi
 
@@ -165,6 +181,7 @@ class MPIMagics(Magics):
             start_timeout=self.start_timeout,
         )
         self.world = _timed_start(world.start)
+        self.history = History()
         return world
 
     def stop(self):
@@ -180,6 +197,7 @@ class MPIMagics(Magics):
         if self.world is None:
             raise UsageError("no MPI world to restart: %mpi start -n N starts one")
         _timed_start(lambda: self.world.restart(size=n))
+        self.history = History()
 
     def ensure_world(self, *, n=None):
         """The running world; start one of *n* ranks if there is none. A size mismatch is a ``UsageError``."""
@@ -195,11 +213,14 @@ class MPIMagics(Magics):
     def run(self, cell, *, ranks=None, stream=True):
         """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed."""
         printer = RankPrinter(color=_color(self.shell))
+        view = self.live_view if self.live_view != "auto" else ("widgets" if _in_notebook(self.shell) else "text")
+        self.live = metrics = LiveMetrics(self.history, view=view, refresh_interval=self.refresh_interval,
+                              max_points=self.max_points)
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
         number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
         self.last = result = execute.run_cell(
-            self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer,
-            interrupt_grace=self.interrupt_grace,
+            self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
+            options={"report_interval": self.report_interval}, interrupt_grace=self.interrupt_grace,
         )
         if not stream:
             print(result.rank_ordered())
@@ -212,10 +233,31 @@ class MPIMagics(Magics):
             return
         rows = self.world.status()
         header = self.world.describe()
-        if getattr(self.shell, "kernel", None) is not None:
+        if _in_notebook(self.shell):
             display(status_widget(rows, header))
         else:
             print(status_text(rows, header))
+
+    def show_metrics(self, *, run=None):
+        """Charts and table (text in a terminal) of *run*, or of every run reported in this world."""
+        runs = self.history.runs()
+        if run is not None:
+            if run not in runs:
+                raise UsageError(f"no run {run!r} in this world's metrics; runs: {', '.join(runs) or 'none yet'}")
+            runs = [run]
+        if not runs:
+            print("no metrics reported in this world yet: call mpinb.report(loss=...) in a %%mpi cell")
+            return
+        if _in_notebook(self.shell):
+            from .widgets.charts import MetricsWidget
+
+            view = MetricsWidget(self.history, max_points=self.max_points)
+            for name in runs:
+                view.show(name)
+            view.refresh(live=False)
+            display(view.widget)
+        else:
+            print("\n".join(summary_text(self.history, name) for name in runs))
 
 
 def _timed_start(start):
@@ -230,7 +272,7 @@ def _timed_start(start):
 
 def _line_parser():
     parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
-    commands = parser.add_subparsers(dest="command", metavar="{start,stop,restart,status,output}")
+    commands = parser.add_subparsers(dest="command", metavar="{start,stop,restart,status,output,metrics}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -241,10 +283,17 @@ def _line_parser():
     restart.add_argument("-n", type=int, default=None, help="new number of ranks")
     commands.add_parser("status", help="rank, host, pid and state of every rank")
     commands.add_parser("output", help="the last cell's output, rank by rank")
+    metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
+    metrics.add_argument("--run", default=None, help="only this run (default: all)")
     return parser
 
 
+def _in_notebook(shell):
+    """A kernel with a frontend that renders widgets (terminal IPython has no ``kernel``)."""
+    return getattr(shell, "kernel", None) is not None
+
+
 def _color(shell):
-    if getattr(shell, "kernel", None) is not None:
+    if _in_notebook(shell):
         return False
     return sys.stderr.isatty() and getattr(shell, "colors", "nocolor").lower() != "nocolor"

@@ -2,8 +2,9 @@
 
 Started once per rank when the world starts. Cells are received by the engine's main thread (its IOLoop), so
 user code runs where ipyparallel would run it, with the same namespace. Everything going back — output chunks,
-coalesced every ``flush_interval`` seconds, then the cell's reply — leaves through one outbox thread and one
-socket, so a reply never overtakes its cell's output.
+coalesced every ``flush_interval`` seconds, ``mpinb.report()`` records, drained every ``report_interval``
+seconds, then the cell's reply — leaves through one outbox thread and one socket, so a reply never overtakes
+its cell's output or metrics.
 """
 
 import io
@@ -16,12 +17,12 @@ import time
 import zmq
 
 from .. import wire
-from . import runner
+from . import report, runner
 
 _agent = None
 
 
-def start(*, cells, events, key, rank=None, flush_interval=0.05):
+def start(*, cells, events, key, rank=None, flush_interval=0.05, report_interval=0.1):
     """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank."""
     global _agent
     if rank is None:
@@ -30,12 +31,13 @@ def start(*, cells, events, key, rank=None, flush_interval=0.05):
         rank = MPI.COMM_WORLD.rank
     if _agent is not None:
         _agent.close()
-    _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval)
+    _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval,
+                   report_interval=report_interval)
     return rank
 
 
 class Agent:
-    def __init__(self, *, cells, events, key, rank, flush_interval):
+    def __init__(self, *, cells, events, key, rank, flush_interval, report_interval):
         from tornado.ioloop import IOLoop
         from zmq.eventloop.zmqstream import ZMQStream
 
@@ -45,7 +47,8 @@ class Agent:
         self.inbox.setsockopt(zmq.IDENTITY, str(rank).encode())
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.inbox.connect(cells)
-        self.outbox = Outbox(context, events, key, rank, flush_interval)
+        self.outbox = Outbox(context, events, key, rank, flush_interval, report_interval)
+        report.recorder.sink = self.outbox.metrics
         self.stream = ZMQStream(self.inbox, io_loop=IOLoop.current())
         self.stream.on_recv(self._on_message)
         self.inbox.send_multipart(wire.pack(key, ("hello", rank)))
@@ -54,7 +57,8 @@ class Agent:
         message = wire.unpack(self.key, frames)
         if message is None or message[0] != "cell":
             return
-        _, cell_id, code, number = message
+        _, cell_id, code, number, options = message
+        self.outbox.report_interval = options.get("report_interval", self.outbox.report_interval)
         streams = sys.stdout, sys.stderr
         sys.stdout = ChannelStream(self.outbox, cell_id, "stdout", streams[0])
         sys.stderr = ChannelStream(self.outbox, cell_id, "stderr", streams[1])
@@ -104,10 +108,12 @@ class ChannelStream(io.TextIOBase):
 class Outbox(threading.Thread):
     """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order."""
 
-    def __init__(self, context, address, key, rank, flush_interval):
+    def __init__(self, context, address, key, rank, flush_interval, report_interval):
         super().__init__(name="mpinb-outbox", daemon=True)
-        self.key, self.rank, self.flush_interval = key, rank, flush_interval
+        self.key, self.rank = key, rank
+        self.flush_interval, self.report_interval = flush_interval, report_interval
         self.queue = queue.SimpleQueue()
+        self.metrics = report.AgentSink(notify=lambda: self.queue.put("metrics"))
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 1000)
         self.socket.connect(address)
@@ -121,25 +127,39 @@ class Outbox(threading.Thread):
         self.join(timeout=2)
 
     def run(self):
-        pending, deadline = [], None  # output waiting for the next flush, and when that flush is due
+        pending, due, metrics_due = [], None, None  # output waiting, and when output and metrics are next sent
         while True:
+            deadline = min((d for d in (due, metrics_due) if d is not None), default=None)
             try:
                 item = self.queue.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                item = "flush"
-            if item is None:
+                item = "tick"
+            now = time.monotonic()
+            if item is None or (item != "tick" and item != "metrics" and item[0] == "packed"):
                 self._send_output(pending)
-                self.socket.close()
-                return
-            if item != "flush" and item[0] == "out":
-                pending.append(item)
-                deadline = deadline or time.monotonic() + self.flush_interval
-                if time.monotonic() < deadline:
-                    continue
-            self._send_output(pending)
-            pending, deadline = [], None
-            if item != "flush" and item[0] == "packed":
+                self._send_metrics()
+                pending, due, metrics_due = [], None, None
+                if item is None:
+                    self.socket.close()
+                    return
                 self.socket.send_multipart(item[1])
+                continue
+            if item == "metrics":
+                metrics_due = metrics_due or now + self.report_interval
+            elif item != "tick":
+                pending.append(item)
+                due = due or now + self.flush_interval
+            if due is not None and now >= due:
+                self._send_output(pending)
+                pending, due = [], None
+            if metrics_due is not None and now >= metrics_due:
+                self._send_metrics()
+                metrics_due = None
+
+    def _send_metrics(self):
+        records = self.metrics.drain()
+        if records:
+            self._send(("metrics", self.rank, records))
 
     def _send_output(self, items):
         merged = {}

@@ -1,0 +1,78 @@
+"""While a cell runs: feed the ranks' metric batches into the world's History and keep a view of it current.
+
+In a notebook the view is a :class:`~mpinb.widgets.charts.MetricsWidget`, displayed in the cell's output when
+the first report arrives and refreshed in place at most every ``refresh_interval`` seconds. In a terminal,
+alerts (a metric that became NaN) print as they are found and the per-rank table prints when the cell ends.
+"""
+
+import sys
+import time
+
+from IPython.display import display
+
+from .widgets.summary import summary_text
+
+
+class LiveMetrics:
+    """The metrics side of one running cell.
+
+    Parameters
+    ----------
+    history : History
+        Where every batch goes (the world's).
+    view : {"widgets", "text", "off"}
+        Live charts (a notebook), text (a terminal), or nothing shown (the history is kept all the same).
+    refresh_interval : float, default 0.25
+        Seconds between redraws at most; with ``max_points`` it bounds what the browser receives.
+    max_points : int, default 1000
+        Points drawn per curve at most.
+    """
+
+    def __init__(self, history, *, view, refresh_interval=0.25, max_points=1000, stderr=None, stdout=None):
+        self.history, self.widgets, self.text = history, view == "widgets", view == "text"
+        self.refresh_interval, self.max_points = refresh_interval, max_points
+        self.stderr, self.stdout = stderr or sys.stderr, stdout or sys.stdout
+        self.view = None
+        self.runs = []
+        self.batches = self.records = self.refreshes = 0
+        self._next_refresh = 0.0
+
+    def add(self, rank, records):
+        """One batch from *rank*."""
+        self.batches += 1
+        self.records += len(records)
+        alerts = self.history.add(rank, records)
+        for record in records:
+            if record[0] not in self.runs:
+                self.runs.append(record[0])
+        if alerts and self.text:
+            self.stderr.write("".join(f"[mpinb] {alert}\n" for alert in alerts))
+            self.stderr.flush()
+
+    def tick(self, now=None):
+        """Redraw if something arrived and the last redraw is ``refresh_interval`` old."""
+        now = time.monotonic() if now is None else now
+        if self.widgets and self.runs and now >= self._next_refresh:
+            self._refresh(now, live=True)
+
+    def finish(self):
+        """The cell ended: draw the final state (every rank's last value), or print the table in a terminal."""
+        if not self.runs:
+            return
+        if self.widgets:
+            self._refresh(time.monotonic(), live=False)
+        elif self.text:
+            self.stdout.write("".join(summary_text(self.history, run) + "\n" for run in self.runs))
+            self.stdout.flush()
+
+    def _refresh(self, now, *, live):
+        if self.view is None:
+            from .widgets.charts import MetricsWidget
+
+            self.view = MetricsWidget(self.history, max_points=self.max_points)
+            display(self.view.widget)
+        for run in self.runs:
+            self.view.show(run)
+        self.view.refresh(now=now, live=live)
+        self.refreshes += 1
+        self._next_refresh = now + self.refresh_interval

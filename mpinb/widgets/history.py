@@ -1,0 +1,220 @@
+"""Every number the ranks reported in one world: the plain data behind the live charts and ``mpinb.metrics()``."""
+
+import collections
+import glob
+import json
+import math
+import statistics
+import time
+from array import array
+
+import numpy as np
+
+from ..rank.report import DEFAULT_RUN, nonfinite_message
+
+COLUMNS = ["run", "rank", "step", "name", "value", "time"]
+
+
+class Series:
+    """One metric of one rank in one run: steps, values and the rank's wall-clock times, in arrival order."""
+
+    __slots__ = ("steps", "values", "times")
+
+    def __init__(self):
+        self.steps, self.values, self.times = array("q"), array("d"), array("d")
+
+    def __len__(self):
+        return len(self.steps)
+
+    def arrays(self):
+        """``(steps, values)`` as numpy arrays (copies: the series keeps growing while they are drawn)."""
+        return np.array(self.steps, dtype=np.int64), np.array(self.values, dtype=np.float64)
+
+
+class Progress:
+    """How far one rank got in one run, and how fast: samples of (rank time, step) taken per batch."""
+
+    __slots__ = ("step", "time", "values", "samples", "arrived")
+
+    def __init__(self):
+        self.step = self.time = self.arrived = None
+        self.values = {}
+        self.samples = collections.deque()
+
+
+class History:
+    """Metrics of every rank, by run, rank and name; nothing is ever dropped or decimated here.
+
+    Parameters
+    ----------
+    window : float, default 5.0
+        Seconds of each rank's recent progress that its steps/s is measured over.
+    straggler_ratio : float, default 0.8
+        A rank whose steps/s is below this fraction of the median rank's is a straggler.
+    min_span : float, default 0.5
+        Seconds of progress a rank needs before its steps/s means something (shorter bursts show none).
+    """
+
+    def __init__(self, *, window=5.0, straggler_ratio=0.8, min_span=0.5):
+        self.window, self.straggler_ratio, self.min_span = window, straggler_ratio, min_span
+        self.series = {}  # (run, rank, name) -> Series
+        self.progress = {}  # (run, rank) -> Progress
+        self.names = {}  # run -> metric names in the order they first appeared
+        self.alerts = []  # (run, rank, message), in the order they were found
+        self._nonfinite = set()  # (run, rank, name) already alerted
+
+    def add(self, rank, records, *, arrived=None):
+        """Append a batch ``[(run, step, time, {name: value}), ...]`` from *rank*; return the new alerts."""
+        arrived = time.monotonic() if arrived is None else arrived
+        new_alerts = []
+        touched = {}
+        for run, step, when, values in records:
+            progress = touched.get(run)
+            if progress is None:
+                progress = touched[run] = self._progress(run, rank)
+                progress.samples.append((when, step))
+            for name, value in values.items():
+                key = (run, rank, name)
+                series = self.series.get(key)
+                if series is None:
+                    series = self.series[key] = Series()
+                    if name not in self.names.setdefault(run, []):
+                        self.names[run].append(name)
+                series.steps.append(step)
+                series.values.append(value)
+                series.times.append(when)
+                if not math.isfinite(value) and key not in self._nonfinite:
+                    self._nonfinite.add(key)
+                    message = f"rank {rank}: {nonfinite_message(name, value, step)}"
+                    if run != DEFAULT_RUN:
+                        message += f" (run {run})"
+                    self.alerts.append((run, rank, message))
+                    new_alerts.append(message)
+            progress.values.update(values)
+            progress.step, progress.time = step, when
+        for progress in touched.values():
+            progress.arrived = arrived
+            progress.samples.append((progress.time, progress.step))
+            while len(progress.samples) > 2 and progress.samples[1][0] < progress.time - self.window:
+                progress.samples.popleft()
+        return new_alerts
+
+    def _progress(self, run, rank):
+        progress = self.progress.get((run, rank))
+        if progress is None:
+            progress = self.progress[(run, rank)] = Progress()
+            self.names.setdefault(run, [])
+        return progress
+
+    def __len__(self):
+        """How many values are held (one per rank, step and name)."""
+        return sum(len(series) for series in self.series.values())
+
+    def runs(self):
+        return list(self.names)
+
+    def ranks(self, run):
+        return sorted(rank for r, rank in self.progress if r == run)
+
+    def rates(self, run):
+        """Steps per second of each rank of *run* over its last ``window`` seconds (``None`` until measurable)."""
+        rates = {}
+        for rank in self.ranks(run):
+            samples = self.progress[(run, rank)].samples
+            (t0, s0), (t1, s1) = samples[0], samples[-1]
+            rates[rank] = (s1 - s0) / (t1 - t0) if t1 - t0 >= self.min_span else None
+        return rates
+
+    def stragglers(self, run):
+        """``{rank: rate / median rate}`` for the ranks of *run* slower than ``straggler_ratio`` × the median."""
+        rates = {rank: rate for rank, rate in self.rates(run).items() if rate is not None}
+        if len(rates) < 2:
+            return {}
+        median = statistics.median(rates.values())
+        if median <= 0:
+            return {}
+        return {rank: rate / median for rank, rate in rates.items() if rate < self.straggler_ratio * median}
+
+    def silent(self, run, *, now=None, after=3.0):
+        """``{rank: seconds}`` for ranks of *run* not heard from for *after* s while another rank was."""
+        now = time.monotonic() if now is None else now
+        quiet = {rank: now - self.progress[(run, rank)].arrived for rank in self.ranks(run)}
+        if not quiet or min(quiet.values()) >= after:
+            return {}
+        return {rank: seconds for rank, seconds in quiet.items() if seconds >= after}
+
+    def summary(self, run, *, now=None, live=False):
+        """One row per rank of *run*: ``rank, step, values, rate, notes`` (notes flag what needs a look).
+
+        *live* adds the "no report for N s" note, which only means something while the cell runs.
+        """
+        rates, slow = self.rates(run), self.stragglers(run)
+        quiet = self.silent(run, now=now) if live else {}
+        bad = {}
+        for alert_run, rank, message in self.alerts:
+            if alert_run == run:
+                bad.setdefault(rank, []).append(message.split(": ", 1)[1].split(" (run ")[0])
+        rows = []
+        for rank in self.ranks(run):
+            progress = self.progress[(run, rank)]
+            notes = list(bad.get(rank, []))
+            if rank in slow:
+                notes.append(f"straggler: {slow[rank]:.2f}× the median steps/s")
+            if rank in quiet:
+                notes.append(f"no report for {quiet[rank]:.0f} s")
+            rows.append({"rank": rank, "step": progress.step, "values": dict(progress.values),
+                         "rate": rates[rank], "notes": notes})
+        return rows
+
+    def to_frame(self, run=None):
+        """Everything held (or one run's) as a pandas DataFrame with columns run, rank, step, name, value, time."""
+        import pandas as pd
+
+        keys = [key for key in self.series if run is None or key[0] == run]
+        columns = {name: [] for name in COLUMNS}
+        for key in keys:
+            series, n = self.series[key], len(self.series[key])
+            for name, item in zip(("run", "rank", "name"), key):
+                columns[name].append(np.full(n, item, dtype=object if name != "rank" else np.int64))
+            columns["step"].append(np.array(series.steps, dtype=np.int64))
+            columns["value"].append(np.array(series.values, dtype=np.float64))
+            columns["time"].append(np.array(series.times, dtype=np.float64))
+        frame = pd.DataFrame({name: np.concatenate(parts) if parts else [] for name, parts in columns.items()},
+                             columns=COLUMNS)
+        frame["time"] = pd.to_datetime(frame["time"], unit="s")
+        return frame.sort_values(["run", "rank", "step", "name"], kind="stable").reset_index(drop=True)
+
+
+def read_metrics(pattern):
+    """Load what ``MPINB_METRICS_FILE`` made ranks write under plain mpiexec (a glob) as ``mpinb.metrics()`` does."""
+    history = History()
+    paths = sorted(glob.glob(pattern))
+    if not paths:
+        raise FileNotFoundError(f"no metrics files match {pattern!r}; set MPINB_METRICS_FILE=metrics-{{rank}}.jsonl "
+                                "when running the script under mpiexec")
+    for path in paths:
+        by_rank = collections.defaultdict(list)
+        with open(path) as lines:
+            for line in lines:
+                item = json.loads(line)
+                rank, run, step, when = item.pop("rank"), item.pop("run"), item.pop("step"), item.pop("time")
+                by_rank[rank].append((run, step, when, item))
+        for rank, records in by_rank.items():
+            history.add(rank, records)
+    return history.to_frame()
+
+
+def decimate(steps, values, max_points):
+    """At most about *max_points* points of a curve for drawing, keeping each bucket's minimum and maximum
+    (spikes and NaNs stay visible) and the first and last points."""
+    n = len(steps)
+    if n <= max_points:
+        return steps, values
+    buckets = max(1, max_points // 2)
+    size = -(-n // buckets)
+    padded = np.concatenate([values, np.full(buckets * size - n, values[-1])]).reshape(buckets, size)
+    offsets = np.arange(buckets) * size
+    with np.errstate(invalid="ignore"):
+        low, high = padded.argmin(axis=1) + offsets, padded.argmax(axis=1) + offsets
+    keep = np.unique(np.minimum(np.concatenate([low, high, [0, n - 1]]), n - 1))
+    return steps[keep], values[keep]

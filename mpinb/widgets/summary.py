@@ -1,0 +1,45 @@
+"""The per-rank table of a run (last step, last values, steps/s, notes) as text for terminals and HTML for widgets."""
+
+import html
+
+from .colors import rank_color
+
+
+def _cells(history, run, *, now=None, live=False):
+    names = history.names.get(run, [])
+    header = ["rank", "step", *names, "steps/s", "notes"]
+    rows = []
+    for row in history.summary(run, now=now, live=live):
+        values = [_number(row["values"].get(name)) for name in names]
+        rate = "" if row["rate"] is None else f"{row['rate']:.1f}"
+        rows.append((row["rank"], [str(row["rank"]), str(row["step"]), *values, rate, "; ".join(row["notes"])]))
+    return header, rows
+
+
+def summary_text(history, run, *, now=None, live=False):
+    """An aligned table, one line per rank, under a line naming the run."""
+    header, rows = _cells(history, run, now=now, live=live)
+    table = [header] + [cells for _, cells in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    return "\n".join([f"metrics of run {run!r}:", *lines])
+
+
+def summary_html(history, run, *, now=None, live=False):
+    """The same table as HTML, each rank in its chart colour and rows that need a look highlighted."""
+    header, rows = _cells(history, run, now=now, live=live)
+    head = "".join(f"<th style='text-align:left;padding:0 12px 0 0'>{html.escape(h)}</th>" for h in header)
+    body = []
+    for rank, cells in rows:
+        flagged = bool(cells[-1])
+        style = " style='background:#fdecea'" if flagged else ""
+        tds = [f"<td style='padding:0 12px 0 0'><b style='color:{rank_color(rank)}'>{cells[0]}</b></td>"]
+        tds += [f"<td style='padding:0 12px 0 0'>{html.escape(cell)}</td>" for cell in cells[1:]]
+        body.append(f"<tr{style}>{''.join(tds)}</tr>")
+    return (f"<table style='border-collapse:collapse;font-family:monospace;font-size:12px'>"
+            f"<caption style='text-align:left'><b>run {html.escape(run)}</b></caption>"
+            f"<tr>{head}</tr>{''.join(body)}</table>")
+
+
+def _number(value):
+    return "" if value is None else f"{value:.5g}"

@@ -1,0 +1,143 @@
+"""mpinb.report() under %%mpi on real worlds: the history, the live views, and mpinb.metrics()."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from IPython.core.error import UsageError
+
+import mpinb
+from mpinb.errors import RankError
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def fresh(world_of, magics, mpi, capsys):
+    """A world of the given size whose ranks and history hold no metrics yet (worlds are shared by tests)."""
+    from mpinb.widgets.history import History
+
+    def world(size):
+        world_of(size)
+        mpi("from mpinb.rank import report as _report\n_report.recorder.__init__(sink=_report.recorder.sink)")
+        magics.history = History()
+        capsys.readouterr()
+
+    yield world
+    magics.live_view = "auto"
+
+
+def test_every_reported_value_reaches_mpinb_metrics(fresh, mpi, capsys):
+    fresh(2)
+    mpi("""
+import mpinb
+for step in range(3000):
+    mpinb.report(step=step, loss=rank + step / 3000, lr=0.1)
+print("trained")
+""")  # the last report is sent right before the cell ends: it must not be lost
+    frame = mpinb.metrics()
+    assert len(frame) == 2 * 3000 * 2
+    for rank in (0, 1):
+        loss = frame[(frame["rank"] == rank) & (frame.name == "loss")]
+        assert loss.step.tolist() == list(range(3000))
+        assert loss.value.tolist() == [rank + step / 3000 for step in range(3000)]
+    out = capsys.readouterr().out
+    assert "[rank 0] trained" in out
+    assert "metrics of run 'main':" in out and out.rstrip().splitlines()[-1].startswith("1     2999  1.9997")
+
+
+def test_cells_extend_the_same_run_until_a_new_one_starts(fresh, mpi, capsys):
+    fresh(2)
+    mpi("import mpinb\nfor _ in range(5): mpinb.report(loss=1.0)")
+    mpi("for _ in range(5): mpinb.report(loss=2.0)")
+    mpi("for _ in range(3): mpinb.report(loss=3.0, run='lr=0.1')")
+    mpi("mpinb.report(loss=4.0)")  # stays in the run named last
+    frame = mpinb.metrics()
+    main = frame[(frame.run == "main") & (frame["rank"] == 1)]
+    assert main.step.tolist() == list(range(10)) and main.value.tolist() == [1.0] * 5 + [2.0] * 5
+    other = mpinb.metrics(run="lr=0.1")
+    assert other[other["rank"] == 0].value.tolist() == [3.0, 3.0, 3.0, 4.0]
+    assert other[other["rank"] == 0].step.tolist() == [0, 1, 2, 3]
+
+
+def test_nan_on_one_rank_is_reported_while_the_cell_runs(fresh, mpi, capsys):
+    fresh(4)
+    mpi("""
+import math, mpinb
+for step in range(300):
+    mpinb.report(loss=math.nan if rank == 3 and step >= 212 else 1.0)
+""")
+    captured = capsys.readouterr()
+    assert captured.err.count("became NaN") == 1
+    assert "[mpinb] rank 3: loss became NaN at step 212" in captured.err
+    assert "loss became NaN at step 212" in captured.out.splitlines()[-1]
+
+
+def test_a_dead_rank_is_noticed_while_metrics_keep_arriving(ip, mpi, fresh):
+    fresh(2)
+    started = time.monotonic()
+    with pytest.raises(RankError, match="rank 1 died"):
+        mpi("""
+import os, time, mpinb
+t0 = time.monotonic()
+while time.monotonic() - t0 < 30:
+    mpinb.report(loss=1.0)
+    time.sleep(0.001)
+    if rank == 1 and time.monotonic() - t0 > 1:
+        os._exit(3)
+""")
+    assert time.monotonic() - started < 20  # not the 30 s the surviving rank would have gone on for
+    assert len(mpinb.metrics()) > 100  # what the ranks sent before the death is kept
+    ip.run_line_magic("mpi", "restart")
+
+
+def test_widget_view_draws_every_rank_and_keeps_the_last_value(world_of, ip, magics, mpi, fresh):
+    fresh(2)
+    magics.live_view = "widgets"
+    mpi("""
+import time, mpinb
+for step in range(5000):
+    mpinb.report(step=step, loss=(rank + 1) * 1000 - step)
+    if step % 500 == 0:
+        time.sleep(0.05)
+""")
+    view = magics.live.view
+    lines = view.lines
+    assert sorted(lines) == [("main", "loss", 0), ("main", "loss", 1)]
+    for rank in (0, 1):
+        line = lines[("main", "loss", rank)]
+        assert line.labels == [f"rank {rank}"]
+        assert len(line.x) <= magics.max_points + 2  # decimated for drawing ...
+        assert line.x[-1] == 4999 and line.y[-1] == (rank + 1) * 1000 - 4999  # ... keeping the final value
+        assert line.y.max() == (rank + 1) * 1000
+    assert "<b style='color:#ff7f0e'>1</b>" in view.tables.value and ">4999<" in view.tables.value
+    assert len(mpinb.metrics()) == 10000
+    live = magics.live
+    assert live.refreshes <= 2 + live.batches  # redraws follow batches at most, never single reports
+
+
+def test_metrics_line_magic(world_of, ip, mpi, fresh, capsys):
+    fresh(2)
+    ip.run_line_magic("mpi", "metrics")
+    assert "no metrics reported in this world yet" in capsys.readouterr().out
+    mpi("import mpinb\nmpinb.report(acc=0.5, run='eval')")
+    capsys.readouterr()
+    ip.run_line_magic("mpi", "metrics")
+    assert capsys.readouterr().out.splitlines()[:2] == ["metrics of run 'eval':", "rank  step  acc  steps/s  notes"]
+    with pytest.raises(UsageError, match="no run 'nope' in this world's metrics; runs: eval"):
+        ip.run_line_magic("mpi", "metrics --run nope")
+
+
+def test_bad_report_arguments_fail_the_cell_with_a_clear_message(fresh, mpi):
+    fresh(2)
+    with pytest.raises(RankError, match=r"ranks 0-1: TypeError: mpinb.report\(loss=...\) takes a number"):
+        mpi("import mpinb\nmpinb.report(loss='low')")
+
+
+def test_metrics_outside_the_notebook_says_where_it_works():
+    done = subprocess.run([sys.executable, "-c", "import mpinb; mpinb.metrics()"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert "RuntimeError: mpinb.metrics() reads the notebook's copy" in done.stderr
+    assert "call it in the notebook after %load_ext mpinb" in done.stderr

@@ -1,0 +1,121 @@
+"""mpinb.report() on the rank side: what it accepts, how it buffers, and what it does under plain mpiexec."""
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from mpinb.rank.report import AgentSink, Recorder, ScriptSink
+
+
+@pytest.fixture
+def recorder():
+    wakeups = []
+    recorder = Recorder()
+    recorder.sink = AgentSink(notify=lambda: wakeups.append(1))
+    recorder.wakeups = wakeups
+    return recorder
+
+
+def test_numbers_numpy_and_tensors_become_floats(recorder):
+    recorder.report(None, None, {"a": 1, "b": np.float32(0.5), "c": np.int64(7), "d": torch.tensor(2.5),
+                                 "e": torch.tensor([3.0], requires_grad=True), "f": True})
+    ((run, step, when, values),) = recorder.sink.drain()
+    assert (run, step) == ("main", 0)
+    assert values == {"a": 1.0, "b": 0.5, "c": 7.0, "d": 2.5, "e": 3.0, "f": 1.0}
+    assert all(type(v) is float for v in values.values())
+
+
+def test_steps_count_per_run_and_runs_are_sticky(recorder):
+    for _ in range(3):
+        recorder.report(None, None, {"loss": 1.0})
+    recorder.report(10, None, {"loss": 1.0})
+    recorder.report(None, None, {"loss": 1.0})
+    recorder.report(None, "b", {"loss": 1.0})
+    recorder.report(None, None, {"loss": 1.0})
+    recorder.report(np.int64(7), "main", {"loss": 1.0})
+    assert [(run, step) for run, step, _, _ in recorder.sink.drain()] == [
+        ("main", 0), ("main", 1), ("main", 2), ("main", 10), ("main", 11), ("b", 0), ("b", 1), ("main", 7)]
+
+
+def test_the_agent_is_woken_once_per_batch_not_per_call(recorder):
+    for step in range(1000):
+        recorder.report(step, None, {"loss": step})
+    assert len(recorder.wakeups) == 1
+    assert len(recorder.sink.drain()) == 1000
+    recorder.report(None, None, {"loss": 0})
+    assert len(recorder.wakeups) == 2
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(step=None, run=None, metrics={}), "needs at least one metric"),
+    (dict(step=1.5, run=None, metrics={"x": 1}), "step=...) takes an integer, not float"),
+    (dict(step=None, run="", metrics={"x": 1}), "run=...) takes a non-empty name"),
+    (dict(step=None, run=None, metrics={"x": "high"}), "x=...) takes a number (int, float, numpy scalar"),
+    (dict(step=None, run=None, metrics={"g": torch.ones(3)}), "not a tensor of shape (3,); reduce it first"),
+])
+def test_bad_input_says_what_to_do(recorder, call, message):
+    with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        recorder.report(call["step"], call["run"], call["metrics"])
+    assert recorder.sink.drain() == []
+
+
+def test_script_sink_summarises_on_rank_0_and_warns_on_nan(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    sink = ScriptSink(rank=0, every=1e-9, path=str(tmp_path / "m-{rank}.jsonl"), stdout=out, stderr=err)
+    recorder = Recorder()
+    recorder.sink = sink
+    for step in range(3):
+        recorder.report(None, None, {"loss": 1.0 / (step + 1)})
+    recorder.report(None, None, {"loss": math.nan})
+    sink.close()
+    assert "[mpinb] rank 0 step 2: loss=0.3333" in out.getvalue()
+    assert err.getvalue() == "[mpinb] rank 0: loss became NaN at step 3\n"
+    lines = [json.loads(line) for line in (tmp_path / "m-0.jsonl").read_text().splitlines()]
+    assert [(d["rank"], d["run"], d["step"]) for d in lines] == [(0, "main", s) for s in range(4)]
+    assert lines[0]["loss"] == 1.0 and math.isnan(lines[3]["loss"])
+
+
+def test_other_ranks_print_no_summary():
+    out = io.StringIO()
+    sink = ScriptSink(rank=1, every=1e-9, path="", stdout=out, stderr=io.StringIO())
+    sink.put(("main", 0, 0.0, {"loss": 1.0}))
+    sink.close()
+    assert out.getvalue() == ""
+
+
+@pytest.mark.mpi
+def test_under_plain_mpiexec_without_a_notebook(tmp_path):
+    """A training script exported from a notebook: report() works with no IPython, no agent, no widgets."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import mpinb
+        from mpi4py import MPI
+        rank = MPI.COMM_WORLD.rank
+        for step in range(50):
+            mpinb.report(loss=100.0 * rank + step)
+        if rank == 1:
+            mpinb.report(loss=float("inf"))
+        assert "IPython" not in sys.modules and "ipywidgets" not in sys.modules
+    """))
+    env = dict(os.environ, MPINB_METRICS_FILE=str(tmp_path / "metrics-{rank}.jsonl"), MPINB_REPORT_EVERY="60")
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()  # once, at exit: the period is 60 s
+    assert line.startswith("[mpinb] rank 0 step 49: loss=49 (") and line.endswith(" steps/s)")
+    assert "[mpinb] rank 1: loss became inf at step 50" in done.stderr
+    import mpinb
+
+    frame = mpinb.read_metrics(str(tmp_path / "metrics-*.jsonl"))
+    assert frame.groupby("rank").size().to_dict() == {0: 50, 1: 51}
+    assert frame[frame["rank"] == 1].value.iloc[:50].tolist() == [100.0 + s for s in range(50)]
