@@ -8,6 +8,15 @@ Rows:
   cold start   from nothing to the first rank output at N=4: `%%mpi -n 4` + print vs
                `ipyparallel.Cluster(engines="mpi").start_and_connect_sync()` + `%%px` print, interleaved,
                median of --starts.
+  report       a ~5 ms training step (MLP forward, backward, SGD; one torch thread per rank) with
+               `mpinb.report(loss=..., lr=...)` every step vs the same step without, on the same ranks in the
+               same cell, blocks of --steps alternating --blocks times; the ratio is the median of adjacent
+               blocks' ratios, mean over N=2 ranks. The notebook side runs the live widget view as in
+               JupyterLab. The noise row runs the same with neither arm reporting: what "no difference" reads.
+               The CPU row adds up the time spent inside report() and the CPU time of the rank's outbox thread
+               (psutil) over the reporting blocks: the cost itself, below the wall-clock noise.
+  live view    4 ranks each reporting 2,000 times a second for --flood seconds: widget messages the notebook
+               sends per second vs reports per second arriving.
 """
 
 import argparse
@@ -73,11 +82,96 @@ def cold_start(ip, size, starts):
     return statistics.median(mine), statistics.median(theirs)
 
 
+TRAIN = """
+import statistics, time, torch, mpinb
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                            torch.nn.Linear(512, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
+
+def train_step():
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+for _ in range(20):
+    train_step()
+import psutil, threading
+outbox = next(thread for thread in threading.enumerate() if thread.name == "mpinb-outbox")
+
+def outbox_cpu():
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id == outbox.native_id)
+
+pairs, in_report, reporting_seconds, outbox_before = [], 0.0, 0.0, outbox_cpu()
+for block in range({blocks}):
+    seconds = {{}}
+    for arm in ("a", "b") if block % 2 == 0 else ("b", "a"):
+        reporting = arm == "a" and {report}
+        tic = time.perf_counter()
+        for step in range({steps}):
+            loss = train_step()
+            if reporting:
+                inside = time.perf_counter()
+                mpinb.report(loss=loss, lr=0.01)
+                in_report += time.perf_counter() - inside
+        seconds[arm] = (time.perf_counter() - tic) / {steps}
+        reporting_seconds += seconds[arm] * {steps} if reporting else 0
+    pairs.append((seconds["a"], seconds["b"]))
+cost = (in_report + outbox_cpu() - outbox_before) / reporting_seconds if {report} else 0.0
+(statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
+ statistics.median(a / b for a, b in pairs), cost)
+"""
+
+FLOOD = """
+import time, mpinb
+t0, sent = time.perf_counter(), 0
+while sent < {total}:
+    mpinb.report(step=sent, loss=rank + sent * 1e-6)
+    sent += 1
+    ahead = t0 + sent / {rate} - time.perf_counter()
+    if ahead > 0:
+        time.sleep(ahead)
+"""
+
+
+def report_overhead(ip, magics, size, blocks, steps):
+    """Step times with report() (arm a) and without (arm b), and the same with neither arm reporting (the
+    noise floor): ``[(a, b, median a/b of adjacent blocks, share of a's time spent in report() and the
+    rank's outbox thread), ...]``, each averaged over the ranks."""
+    magics.live_view = "widgets"
+    ip.run_line_magic("mpi", f"start -n {size}")
+    results = []
+    for report in (True, False):
+        medians = ip.run_cell_magic("mpi", "", TRAIN.format(blocks=blocks, steps=steps, report=report))
+        results.append(tuple(statistics.mean(m[i] for m in medians.values()) for i in range(4)))
+    ip.run_line_magic("mpi", "stop")
+    return results
+
+
+def live_view_rate(ip, magics, size, rate, seconds):
+    """Widget messages per second the notebook sent, and reports per second that reached it."""
+    magics.live_view = "widgets"
+    ip.run_line_magic("mpi", f"start -n {size}")
+    tic = time.perf_counter()
+    ip.run_cell_magic("mpi", "", FLOOD.format(total=rate * seconds, rate=rate))
+    elapsed = time.perf_counter() - tic
+    live = magics.live
+    ip.run_line_magic("mpi", "stop")
+    return live.view.messages / elapsed, live.records / elapsed, live.refreshes / elapsed
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="2,4,8", help="world sizes for the round trip (default 2,4,8)")
     parser.add_argument("--reps", type=int, default=30, help="round trips per size and side (default 30)")
     parser.add_argument("--starts", type=int, default=3, help="cold starts per side (default 3)")
+    parser.add_argument("--blocks", type=int, default=60, help="alternating blocks per arm, report row (default 60)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per block, report row (default 20)")
+    parser.add_argument("--flood", type=int, default=5, help="seconds of 4 × 2,000 reports/s, live view row")
     parser.add_argument("--markdown", help="also write the table, with the machine, to this file")
     args = parser.parse_args()
 
@@ -93,9 +187,19 @@ def main():
     ours, anchor = cold_start(ip, 4, args.starts)
     rows.append(("cold start to first output, N=4", "Cluster.start_and_connect_sync + %%px", ours, anchor))
 
+    reporting, noise = report_overhead(ip, magics, 2, args.blocks, args.steps)
+    rows.append(("training step with mpinb.report() every step, N=2", "same step without report()", *reporting[:3]))
+    rows.append(("noise floor: the same, neither arm reporting", "same step without report()", *noise[:3]))
+    messages, reports, refreshes = live_view_rate(ip, magics, 4, 2000, args.flood)
+
     lines = ["| case | anchor | mpinb | anchor time | mpinb / anchor |", "|---|---|---|---|---|"]
-    for case, what, mine, theirs in rows:
-        lines.append(f"| {case} | {what} | {_fmt(mine)} | {_fmt(theirs)} | {mine / theirs:.2f} |")
+    for case, what, mine, theirs, *ratio in rows:
+        ratio = ratio[0] if ratio else mine / theirs
+        lines.append(f"| {case} | {what} | {_fmt(mine)} | {_fmt(theirs)} | {ratio:.3f} |")
+    lines.append(f"| CPU in report() calls + the rank's outbox thread, per step | the step | "
+                 f"{reporting[3] * reporting[0] * 1e6:.1f} µs | {_fmt(reporting[0])} | {reporting[3]:.4f} |")
+    lines.append(f"| live view, 4 ranks × 2,000 reports/s | reports/s arriving | {messages:.0f} widget msgs/s "
+                 f"({refreshes:.1f} redraws/s) | {reports:.0f} reports/s | {messages / reports:.4f} |")
     sizes = sorted(trips)
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]

@@ -168,9 +168,9 @@ def _number(name, value):
         if value.numel() != 1:
             raise TypeError(f"mpinb.report({name}=...) takes one number, not a tensor of shape "
                             f"{tuple(value.shape)}; reduce it first (e.g. {name}.mean()) or report each element")
-        if value.device.type != "cpu":
+        if not value.is_cpu:
             return _Deferred(value.detach().reshape(()).clone())
-        return float(value.detach())
+        return float(value.item())
     try:
         return float(value)
     except (TypeError, ValueError):

@@ -82,7 +82,7 @@ class MetricsWidget:
 
 def _figure(title):
     return bqplot.Figure(title=title, marks=[], axes=[], legend_location="top-right",
-                         fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 20},
+                         fig_margin={"top": 40, "bottom": 40, "left": 70, "right": 20},
                          layout=w.Layout(width="440px", height="280px"))
 
 
@@ -92,4 +92,4 @@ def _scales():
 
 def _axes(scales, name):
     return [bqplot.Axis(scale=scales["x"], label="step", grid_lines="none"),
-            bqplot.Axis(scale=scales["y"], side="left", label=name, tick_format=".3g")]
+            bqplot.Axis(scale=scales["y"], side="left", label=name, tick_format=".4~g")]
