@@ -58,19 +58,26 @@ class Channel:
         return cell_id
 
     def receive(self, timeout):
-        """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires)."""
+        """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires).
+
+        A reply that came with raw buffers (a gather sent as frames) carries them as ``reply["buffers"]``.
+        """
         messages = []
         for socket, _ in self.poller.poll(max(0, int(timeout * 1000))):
             while True:
                 try:
-                    frames = socket.recv_multipart(zmq.NOBLOCK)
+                    frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
                 if socket is self.cells:
                     frames = frames[1:]  # drop the ROUTER's peer identity
-                message = wire.unpack(self.key, frames)
-                if message is not None:
-                    messages.append(message)
+                unpacked = wire.unpack_with_buffers(self.key, frames)
+                if unpacked is None:
+                    continue
+                message, buffers = unpacked
+                if buffers and message[0] == "reply":
+                    message[3]["buffers"] = buffers
+                messages.append(message)
         return messages
 
     def close(self):

@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 
 from .channel import Channel
 from .errors import MPIError
+from .gather import Receiver
 from .preflight import find_mpiexec, mpi_library
 from .rank import agent
 from .rank import world as rank_world
@@ -127,6 +128,9 @@ class World:
         self.cluster = self.client = self.channel = None
         if channel is not None:
             channel.close()
+        if getattr(self, "receiver", None) is not None:
+            self.receiver.close()
+            self.receiver = None
         processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
         if client is not None:
             client.close()
@@ -174,6 +178,11 @@ class World:
                 remote.append(self.engines[rank])
         if remote:
             self.client.send_signal(signal.SIGINT, targets=remote, block=False)
+
+    def on_this_host(self, ranks=None):
+        """Whether *ranks* (default: all) run on the notebook's host, so they can share memory with it."""
+        here = socket.gethostname()
+        return all(self.identities[rank]["host"] == here for rank in (self.ranks if ranks is None else ranks))
 
     def dead_ranks(self, ranks=None):
         """Ranks among *ranks* whose engine process on this host has exited."""
@@ -269,6 +278,7 @@ class World:
 
     def _open_channel(self, view):
         self.channel = Channel(self.ip)
+        self.receiver = Receiver()
         view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
                         key=self.channel.key)
         self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)

@@ -42,3 +42,11 @@ class RankError(Exception):
             out.append("")
         out.append(f"RankError: {self.summary()}")
         return out
+
+
+class GatherError(Exception):
+    """``--gather`` could not bring a name back from some ranks; the message names the ranks and the reason,
+    and the values of the other ranks are already in the notebook."""
+
+    def _render_traceback_(self):
+        return [f"GatherError: {self}"]

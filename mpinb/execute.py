@@ -3,7 +3,8 @@
 import time
 from dataclasses import dataclass, field
 
-from .errors import RankError
+from .errors import GatherError, RankError
+from .gather import missing_message
 from .output import RankPrinter, rank_ordered
 from .perrank import PerRank
 
@@ -18,6 +19,10 @@ class CellResult:
     values: PerRank = field(default_factory=PerRank)
     errors: dict = field(default_factory=dict)
     seconds: float = 0.0
+    gathered: dict = field(default_factory=dict)  # name -> PerRank of the ranks that had it
+    gather_errors: dict = field(default_factory=dict)  # name -> {rank: message}
+    gather_stats: dict = field(default_factory=dict)  # name -> {rank: {leaf path: statistics}}
+    gather_notes: list = field(default_factory=list)  # how gathers travelled when not as asked
 
     @property
     def ok(self):
@@ -30,6 +35,11 @@ class CellResult:
     def raise_for_errors(self):
         if self.errors:
             raise RankError(self.errors, self.ranks)
+
+    def raise_for_gather_errors(self):
+        if self.gather_errors:
+            raise GatherError("\n".join(missing_message(name, errors, self.gathered.get(name, {}))
+                                         for name, errors in self.gather_errors.items()))
 
 
 def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, metrics=None, options=None,
@@ -66,6 +76,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                     metrics.add(message[1], message[2])
                 elif kind == "reply" and message[2] == cell_id:
                     replies[message[1]] = message[3]
+                    if "gathered" in message[3]:  # copy out now, while other ranks are still sending
+                        _unpack_gathered(world, result, message[1], message[3])
             now = time.monotonic()
             if metrics is not None:
                 metrics.tick(now)
@@ -98,6 +110,21 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     if interrupted is not None:
         raise interrupted
     return result
+
+
+def _unpack_gathered(world, result, rank, reply):
+    gathered, buffers = reply.pop("gathered"), reply.pop("buffers", [])
+    if "note" in gathered:
+        result.gather_notes.append(f"rank {rank}: {gathered['note']}")
+    for owner, values in world.receiver.unpack(rank, gathered, buffers).items():
+        for name, (kind, value, stats) in values.items():
+            if kind == "error":
+                result.gather_errors.setdefault(name, {})[owner] = value
+            else:
+                result.gathered.setdefault(name, PerRank())[owner] = value
+                result.gather_stats.setdefault(name, {})[owner] = stats
+    for name in result.gathered:  # keep rank order whatever order replies came in
+        result.gathered[name] = PerRank(sorted(result.gathered[name].items()))
 
 
 def _lost(message):

@@ -1,5 +1,6 @@
 """``%mpi`` and ``%%mpi``: parse arguments, then hand over to plain functions in cluster.py and execute.py."""
 
+import re
 import shlex
 import sys
 import time
@@ -39,6 +40,10 @@ class MPIMagics(Magics):
     report_interval = Float(0.1, config=True, help="Seconds each rank buffers mpinb.report() values between sends.")
     refresh_interval = Float(0.25, config=True, help="Seconds between redraws of the live metric charts at most.")
     max_points = Integer(1000, config=True, help="Points drawn per curve at most (the history keeps every value).")
+    gather_transport = Enum(["auto", "shm", "mpi", "frames"], "auto", config=True,
+                            help="How --gather moves values: auto (shm when the ranks share the notebook's host, "
+                                 "else mpi when the cell runs on every rank, else frames), shm (shared memory), "
+                                 "mpi (an MPI gather to one rank, then one message), frames (each rank sends).")
     live_view = Enum(["auto", "widgets", "text", "off"], "auto", config=True,
                      help="How mpinb.report() values show while a cell runs: auto (widgets in a notebook, text in "
                           "a terminal), widgets, text, or off (only kept for mpinb.metrics()).")
@@ -64,12 +69,15 @@ class MPIMagics(Magics):
             %mpi status
             %mpi output
             %mpi metrics [--run NAME]
+            %mpi grads MODEL
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``restart`` gives fresh processes
         (every rank's variables are lost), of a new size with ``-n``. ``status`` lists rank, host, pid and
         state. ``output`` shows the last cell's output rank by rank. ``metrics`` shows the charts and per-rank
 table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
+``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and the
+largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
 The world stops with the kernel.
 
         Examples
@@ -108,6 +116,8 @@ The world stops with the kernel.
                 print(self.last.rank_ordered())
         elif args.command == "metrics":
             self.show_metrics(run=args.run)
+        elif args.command == "grads":
+            self.show_grads(args.model)
 
     # ------------------------------------------------------------------ %%mpi
 
@@ -120,6 +130,10 @@ The world stops with the kernel.
                               help="collect output and print it rank by rank when the cell ends")
     @magic_arguments.argument("--stream", dest="stream", action="store_true", default=None,
                               help="print output as it arrives, each line labelled [rank R] (default)")
+    @magic_arguments.argument("--gather", nargs="+", default=None, metavar="NAME",
+                              help="after the cell, NAME in the notebook is a mapping rank -> that rank's value")
+    @magic_arguments.argument("--no-inspect", dest="inspect", action="store_false", default=True,
+                              help="gather without showing the tensor inspector")
     @cell_magic("mpi")
     def mpi_cell(self, line="", cell=""):
         """Run the cell on every rank of the MPI world.
@@ -161,7 +175,10 @@ The world stops with the kernel.
             except ValueError as exc:
                 raise UsageError(f"--ranks: {exc}") from None
         stream = self.stream if args.stream is None else args.stream
-        result = self.run(cell, ranks=ranks, stream=stream)
+        for name in args.gather or ():
+            if not name.isidentifier():
+                raise UsageError(f"--gather takes variable names, not {name!r}")
+        result = self.run(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect)
         if result.values:
             return result.values
 
@@ -210,22 +227,59 @@ The world stops with the kernel.
             return self.world
         return self.start(n=n)
 
-    def run(self, cell, *, ranks=None, stream=True):
-        """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed."""
+    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True):
+        """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed.
+
+        Each name in *gather* becomes a ``PerRank`` in the user namespace (the ranks that had it), shown in the
+        tensor inspector when *inspect*; names missing or untransferable on some ranks raise ``GatherError``
+        after the others are assigned.
+        """
         printer = RankPrinter(color=_color(self.shell))
         view = self.live_view if self.live_view != "auto" else ("widgets" if _in_notebook(self.shell) else "text")
         self.live = metrics = LiveMetrics(self.history, view=view, refresh_interval=self.refresh_interval,
                               max_points=self.max_points)
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
         number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
+        options = {"report_interval": self.report_interval}
+        if gather:
+            transport = self._transport(ranks)
+            if transport == "mpi" and ranks is not None and len(ranks) != self.world.size:
+                transport = "frames"  # a collective needs every rank; a subset sends rank by rank
+            options.update(gather=list(gather), stats=inspect, transport=transport, root=self._root())
         self.last = result = execute.run_cell(
             self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
-            options={"report_interval": self.report_interval}, interrupt_grace=self.interrupt_grace,
+            options=options, interrupt_grace=self.interrupt_grace,
         )
         if not stream:
             print(result.rank_ordered())
+        self.shell.user_ns.update(result.gathered)
+        for note in result.gather_notes:
+            print(f"[mpinb] {note}", file=sys.stderr)
+        if gather and inspect and result.gathered:
+            self._show_inspector(result)
         result.raise_for_errors()
+        result.raise_for_gather_errors()
         return result
+
+    def _transport(self, ranks):
+        if self.gather_transport != "auto":
+            return self.gather_transport
+        if self.world.on_this_host(ranks):
+            return "shm"
+        return "mpi" if ranks is None or len(ranks) == self.world.size else "frames"
+
+    def _root(self):
+        """The rank an MPI gather collects on: the first one on the notebook's host (its message is local)."""
+        return next((rank for rank in self.world.ranks if self.world.on_this_host([rank])), 0)
+
+    def _show_inspector(self, result):
+        from .widgets.inspector import inspect_gathered, inspector_text, inspector_widget
+
+        reports = inspect_gathered(result.gathered, result.gather_stats)
+        if _in_notebook(self.shell):
+            display(inspector_widget(reports))
+        else:
+            print(inspector_text(reports))
 
     def show_status(self):
         if self.world is None or not self.world.running:
@@ -237,6 +291,25 @@ The world stops with the kernel.
             display(status_widget(rows, header))
         else:
             print(status_text(rows, header))
+
+    def show_grads(self, model):
+        """Layer × rank gradient view of the module called *model* on every rank (statistics only travel)."""
+        if not _DOTTED.match(model):
+            raise UsageError(f"%mpi grads takes the model's name on the ranks (model, trainer.model), not {model!r}")
+        if self.world is None or not self.world.running:
+            raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        from .widgets.grads import grad_report, grads_text, grads_widget
+
+        code = f"__import__('mpinb.rank.inspect', fromlist=['grad_stats']).grad_stats({model!r})"
+        result = execute.run_cell(self.world, code, printer=RankPrinter(color=_color(self.shell)),
+                                  interrupt_grace=self.interrupt_grace)
+        result.raise_for_errors()
+        reports = grad_report(dict(result.values))
+        if _in_notebook(self.shell):
+            display(grads_widget(reports))
+        else:
+            print(grads_text(reports))
+        return reports
 
     def show_metrics(self, *, run=None):
         """Charts and table (text in a terminal) of *run*, or of every run reported in this world."""
@@ -272,7 +345,7 @@ def _timed_start(start):
 
 def _line_parser():
     parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
-    commands = parser.add_subparsers(dest="command", metavar="{start,stop,restart,status,output,metrics}")
+    commands = parser.add_subparsers(dest="command", metavar="{start,stop,restart,status,output,metrics,grads}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -285,7 +358,12 @@ def _line_parser():
     commands.add_parser("output", help="the last cell's output, rank by rank")
     metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
     metrics.add_argument("--run", default=None, help="only this run (default: all)")
+    grads = commands.add_parser("grads", help="per layer and rank: gradient norms, and where ranks disagree")
+    grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
     return parser
+
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 def _in_notebook(shell):

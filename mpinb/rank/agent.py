@@ -14,10 +14,11 @@ import sys
 import threading
 import time
 
+import numpy as np
 import zmq
 
-from .. import wire
-from . import report, runner
+from .. import shm, wire
+from . import gather, report, runner
 
 _agent = None
 
@@ -42,6 +43,7 @@ class Agent:
         from zmq.eventloop.zmqstream import ZMQStream
 
         self.key, self.rank = key, rank
+        self.arena = None  # shared memory for gathers, made on the first one that needs it
         context = zmq.Context.instance()
         self.inbox = context.socket(zmq.DEALER)
         self.inbox.setsockopt(zmq.IDENTITY, str(rank).encode())
@@ -66,21 +68,58 @@ class Agent:
         sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             reply = runner.run_cell(code, number=number)
+            buffers = []
+            if options.get("gather"):
+                reply["gathered"], buffers = self._gather(options["gather"], options)
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
-        self.outbox.put(("packed", self._pack_reply(cell_id, reply)))
+        self.outbox.put(("packed", self._pack_reply(cell_id, reply, buffers)))
 
-    def _pack_reply(self, cell_id, reply):
+    def _gather(self, names, options):
+        """Pack *names* for the notebook: into the shared-memory arena when asked, else as raw frames."""
+        items, buffers = gather.collect(names, runner.user_namespace(), stats=options.get("stats", True))
+        if options.get("transport") == "mpi":
+            return self._gather_over_mpi(items, buffers, options.get("root", 0))
+        if options.get("transport") == "shm" and buffers:
+            try:
+                if self.arena is None:
+                    self.arena = shm.Arena()
+                offsets = self.arena.write(buffers)
+                return {"items": items, "transport": "shm", "path": self.arena.path, "offsets": offsets}, []
+            except OSError as exc:  # no shared memory, or not enough: the channel always works
+                return {"items": items, "transport": "frames", "note": f"shared memory failed ({exc})"}, buffers
+        return {"items": items, "transport": "frames"}, buffers
+
+    def _gather_over_mpi(self, items, buffers, root):
+        """Every rank's packed values to *root* by one MPI gather (pickle 5, buffers out of band); *root* sends
+        them all to the notebook as frames of one message. For ranks that do not share the notebook's host."""
+        from mpi4py import MPI
+        from mpi4py.util import pkl5
+
+        arrays = [np.frombuffer(buffer, dtype=np.uint8) for buffer in buffers]
+        everyone = pkl5.Intracomm(MPI.COMM_WORLD).gather((self.rank, items, arrays), root=root)
+        if everyone is None:
+            return {"transport": "via", "root": root}, []
+        by_rank, frames = {}, []
+        for rank, rank_items, rank_arrays in everyone:
+            by_rank[rank] = rank_items
+            frames.extend(memoryview(array) for array in rank_arrays)
+        return {"transport": "frames", "by_rank": by_rank}, frames
+
+    def _pack_reply(self, cell_id, reply, buffers=()):
         """Pickle the reply once, here on the main thread (the next cell cannot change the value meanwhile)."""
         try:
-            return wire.pack(self.key, ("reply", self.rank, cell_id, reply))
+            return wire.pack(self.key, ("reply", self.rank, cell_id, reply), buffers)
         except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel": send its repr instead
-            return wire.pack(self.key, ("reply", self.rank, cell_id, {"value": runner.stand_in(reply["value"])}))
+            reply = dict(reply, value=runner.stand_in(reply.get("value")))
+            return wire.pack(self.key, ("reply", self.rank, cell_id, reply), buffers)
 
     def close(self):
         self.stream.close()
         self.outbox.close()
+        if self.arena is not None:
+            self.arena.close()
 
 
 class ChannelStream(io.TextIOBase):
@@ -142,7 +181,7 @@ class Outbox(threading.Thread):
                 if item is None:
                     self.socket.close()
                     return
-                self.socket.send_multipart(item[1])
+                self.socket.send_multipart(item[1], copy=len(item[1]) == 2)
                 continue
             if item == "metrics":
                 metrics_due = metrics_due or now + self.report_interval

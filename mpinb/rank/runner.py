@@ -30,7 +30,7 @@ def run_cell(code, *, number=0, namespace=None):
     """
     shell = _shell()
     if namespace is None:
-        namespace = shell.user_ns if shell is not None else sys.modules["__main__"].__dict__
+        namespace = user_namespace(shell)
     try:
         if shell is not None:
             source = shell.transform_cell(code)
@@ -48,6 +48,12 @@ def run_cell(code, *, number=0, namespace=None):
     if value is not None:
         namespace["_"] = value
     return {"value": value}
+
+
+def user_namespace(shell=None):
+    """Where cells run: the engine's IPython user namespace, else ``__main__``'s globals."""
+    shell = shell or _shell()
+    return shell.user_ns if shell is not None else sys.modules["__main__"].__dict__
 
 
 def _shell():

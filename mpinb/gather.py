@@ -1,0 +1,72 @@
+"""``%%mpi --gather``, notebook side: rebuild every rank's values from its arena or frames, and say what is missing."""
+
+import pickle
+
+from .ranks import format_ranks, label_ranks
+from .shm import ArenaReader
+
+
+class Receiver:
+    """One world's readers of its ranks' shared-memory arenas (opened on first use, then kept)."""
+
+    def __init__(self):
+        self.readers = {}  # rank -> (path, ArenaReader)
+
+    def unpack(self, rank, gathered, buffers):
+        """``{rank: {name: ("value", value, stats) | ("error", message, None)}}`` from one rank's reply: its
+        own values, those of every rank when it gathered them over MPI, none when another rank did."""
+        if gathered["transport"] == "via":
+            return {}
+        if "by_rank" in gathered:
+            out, position = {}, 0
+            for owner, items in gathered["by_rank"].items():
+                count = sum(len(item["sizes"]) for item in items.values() if "pickle" in item)
+                out[owner] = self._unpack_items(owner, {"items": items, "transport": "frames"},
+                                                buffers[position:position + count])
+                position += count
+            return out
+        return {rank: self._unpack_items(rank, gathered, buffers)}
+
+    def _unpack_items(self, rank, gathered, buffers):
+        items = gathered["items"]
+        sizes = [size for item in items.values() if "pickle" in item for size in item["sizes"]]
+        if gathered["transport"] == "shm":
+            buffers = self._reader(rank, gathered["path"]).read(gathered["offsets"], sizes)
+        elif buffers:
+            # the frames are zmq's memory: copy into numpy arrays the values can own
+            import numpy as np
+
+            buffers = [np.frombuffer(buffer, dtype=np.uint8).copy() for buffer in buffers]
+        out, position = {}, 0
+        for name, item in items.items():
+            if "error" in item:
+                out[name] = ("error", item["error"], None)
+                continue
+            own = buffers[position:position + len(item["sizes"])]
+            position += len(item["sizes"])
+            out[name] = ("value", pickle.loads(item["pickle"], buffers=own), item["stats"])
+        return out
+
+    def _reader(self, rank, path):
+        known = self.readers.get(rank)
+        if known is None or known[0] != path:
+            if known is not None:
+                known[1].close()
+            known = self.readers[rank] = (path, ArenaReader(path))
+        return known[1]
+
+    def close(self):
+        for _, reader in self.readers.values():
+            reader.close()
+        self.readers.clear()
+
+
+def missing_message(name, errors, have):
+    """One line per kind of failure, naming ranks, and where the values that did arrive are."""
+    by_message = {}
+    for rank, message in sorted(errors.items()):
+        by_message.setdefault(message, []).append(rank)
+    lines = [f"{label_ranks(ranks)}: {message}" for message, ranks in by_message.items()]
+    if have:
+        lines.append(f"{name} holds the values of ranks {format_ranks(sorted(have))}")
+    return f"--gather {name}: " + "\n".join(lines)

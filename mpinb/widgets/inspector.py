@@ -1,0 +1,238 @@
+"""The tensor inspector shown after ``%%mpi --gather``: per leaf, per rank statistics and one verdict.
+
+:func:`inspect_gathered` builds plain reports (tests assert on them); :func:`inspector_text` and
+:func:`inspector_widget` render them. Statistics come from the ranks; only the comparison with the first rank
+reads the gathered values, which are already in the notebook.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ranks import label_ranks
+from .colors import rank_color
+
+STAT_COLUMNS = ("shape", "dtype", "device", "norm", "min", "max", "mean", "nan", "inf", "max |Δ| to first")
+
+
+@dataclass
+class LeafReport:
+    """One array (or scalar) inside a gathered name, across ranks."""
+
+    name: str
+    path: tuple
+    stats: dict = field(default_factory=dict)  # rank -> statistics from the rank (arrays) or {"value": v}
+    diff: dict = field(default_factory=dict)  # rank -> max |x_rank - x_first| (0.0 identical, nan with NaNs)
+    differing: list = field(default_factory=list)
+    missing: list = field(default_factory=list)
+    verdict: str = ""
+
+    @property
+    def label(self):
+        return self.name + "".join(f"[{key!r}]" for key in self.path)
+
+    @property
+    def identical(self):
+        return not self.differing and not self.missing
+
+
+def inspect_gathered(gathered, stats):
+    """Reports for every leaf of every gathered name: ``gathered`` name → PerRank, ``stats`` name → rank → path."""
+    reports = []
+    for name, per_rank in gathered.items():
+        ranks = sorted(per_rank)
+        paths = {}
+        for rank in ranks:
+            for path, leaf in _leaves(per_rank[rank]):
+                paths.setdefault(path, {})[rank] = leaf
+        for path, leaves in paths.items():
+            report = LeafReport(name, path, missing=[r for r in ranks if r not in leaves])
+            for rank, leaf in leaves.items():
+                rank_stats = (stats.get(name) or {}).get(rank) or {}
+                report.stats[rank] = rank_stats.get(path) or _describe(leaf)
+            _compare(report, leaves)
+            reports.append(report)
+    return reports
+
+
+def _leaves(value, path=()):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif type(value) in (list, tuple):
+        for i, item in enumerate(value):
+            yield from _leaves(item, (*path, i))
+    else:
+        yield path, value
+
+
+def _as_numpy(leaf):
+    if type(leaf).__module__.startswith("torch") and hasattr(leaf, "numpy"):
+        return (leaf.float() if str(leaf.dtype) == "torch.bfloat16" else leaf).detach().numpy()
+    return leaf if isinstance(leaf, np.ndarray) else None
+
+
+def _describe(leaf):
+    """Statistics for a leaf the rank sent none for (a scalar, or stats turned off)."""
+    array = _as_numpy(leaf)
+    if array is None:
+        return {"value": leaf}
+    from ..rank.gather import leaf_stats
+
+    return leaf_stats(array, str(getattr(leaf, "dtype", array.dtype)).removeprefix("torch."), "cpu")
+
+
+def _compare(report, leaves):
+    ranks = sorted(leaves)
+    first = leaves[ranks[0]]
+    reference = _as_numpy(first)
+    for rank in ranks:
+        leaf = leaves[rank]
+        array = _as_numpy(leaf)
+        if reference is None or array is None:
+            same = _same_scalar(leaf, first)
+            report.diff[rank] = 0.0 if same else _scalar_diff(leaf, first)
+        elif array.shape != reference.shape or array.dtype != reference.dtype:
+            same = False
+            report.diff[rank] = math.inf
+        else:
+            same = np.array_equal(array, reference, equal_nan=array.dtype.kind in "fc")
+            report.diff[rank] = 0.0 if same else _max_abs_diff(array, reference)
+        if not same:
+            report.differing.append(rank)
+    report.verdict = verdict(report)
+
+
+def _same_scalar(a, b):
+    try:
+        return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    except Exception:  # noqa: BLE001 - incomparable objects are different
+        return False
+
+
+def _scalar_diff(a, b):
+    try:
+        return abs(float(a) - float(b))
+    except (TypeError, ValueError):
+        return math.inf
+
+
+def _max_abs_diff(array, reference):
+    if array.dtype.kind not in "biufc":
+        return math.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        difference = np.abs(array.astype(np.float64) - reference.astype(np.float64))
+    return float(difference.max()) if not np.isnan(difference).any() else math.nan
+
+
+def verdict(report):
+    """"identical on all ranks", or which ranks differ from the first (and by how much), or lack the leaf."""
+    parts = []
+    if report.differing:
+        worst = max(report.diff[r] for r in report.differing)
+        parts.append(f"differs on {label_ranks(report.differing)} (max |Δ| {_number(worst)})")
+    if report.missing:
+        parts.append(f"missing on {label_ranks(report.missing)}")
+    bad = [r for r, s in report.stats.items() if s.get("nan") or s.get("inf")]
+    if bad:
+        parts.append(f"NaN/Inf on {label_ranks(bad)}")
+    return "; ".join(parts) if parts else "identical on all ranks"
+
+
+def rows(report):
+    """Per-rank cells of :data:`STAT_COLUMNS` (or the value, for scalars), as strings."""
+    out = {}
+    for rank, stats in sorted(report.stats.items()):
+        if "value" in stats:
+            out[rank] = [repr(stats["value"])] + [""] * (len(STAT_COLUMNS) - 2) + [_number(report.diff[rank])]
+            continue
+        cells = [str(tuple(stats["shape"])), stats["dtype"], stats["device"]]
+        cells += [_number(stats.get(key)) for key in ("norm", "min", "max", "mean")]
+        cells += [str(stats.get("nan", "")), str(stats.get("inf", "")), _number(report.diff.get(rank))]
+        out[rank] = cells
+    return out
+
+
+def inspector_text(reports):
+    """Every leaf: a verdict line, then one aligned line per rank."""
+    blocks = []
+    for report in reports:
+        table = [("rank", *STAT_COLUMNS)] + [(str(rank), *cells) for rank, cells in rows(report).items()]
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+        blocks.append("\n".join([f"{report.label}: {report.verdict}", *("  " + line for line in lines)]))
+    return "\n\n".join(blocks)
+
+
+def inspector_widget(reports):
+    """A summary of every leaf, and for the selected one the per-rank table and histograms (bqplot)."""
+    import bqplot
+    import ipywidgets as w
+
+    summary = w.HTML(_summary_html(reports))
+    chooser = w.Dropdown(options=[(r.label, i) for i, r in enumerate(reports)], description="leaf",
+                         layout=w.Layout(width="auto"))
+    table = w.HTML()
+    x_scale, y_scale = bqplot.LinearScale(), bqplot.LinearScale()
+    histogram = bqplot.Figure(marks=[], axes=[bqplot.Axis(scale=x_scale, label="value", tick_format=".3~g"),
+                                               bqplot.Axis(scale=y_scale, side="left", label="count")],
+                              title="histogram per rank", legend_location="top-right",
+                              fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 20},
+                              layout=w.Layout(width="520px", height="300px"))
+
+    def show(change=None):
+        report = reports[chooser.value]
+        table.value = _rank_table_html(report)
+        marks = []
+        for rank, stats in sorted(report.stats.items()):
+            if "histogram" not in stats:
+                continue
+            counts, edges = stats["histogram"]
+            centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+            marks.append(bqplot.Lines(x=centres, y=counts, scales={"x": x_scale, "y": y_scale},
+                                      colors=[rank_color(rank)], labels=[f"rank {rank}"], display_legend=True,
+                                      interpolation="step-after"))
+        histogram.marks = marks
+
+    chooser.observe(show, names="value")
+    if reports:
+        show()
+    box = w.VBox([summary, chooser, w.HBox([table, histogram])] if reports else [summary])
+    box.reports, box.chooser, box.table, box.histogram = reports, chooser, table, histogram
+    return box
+
+
+def _summary_html(reports):
+    body = []
+    for report in reports:
+        colour = "#2e7d32" if report.verdict == "identical on all ranks" else "#c62828"
+        first = next(iter(report.stats.values()), {})
+        shape = str(tuple(first["shape"])) if "shape" in first else type(first.get("value")).__name__
+        body.append(f"<tr><td><code>{_escape(report.label)}</code></td><td>{shape}</td>"
+                    f"<td>{first.get('dtype', '')}</td><td style='color:{colour}'><b>{_escape(report.verdict)}</b></td></tr>")
+    return ("<table style='font-size:12px'><tr><th align=left>gathered</th><th align=left>shape</th>"
+            f"<th align=left>dtype</th><th align=left>verdict</th></tr>{''.join(body)}</table>")
+
+
+def _rank_table_html(report):
+    head = "".join(f"<th align=left style='padding-right:10px'>{c}</th>" for c in ("rank", *STAT_COLUMNS))
+    body = []
+    for rank, cells in rows(report).items():
+        flagged = rank in report.differing or report.stats[rank].get("nan") or report.stats[rank].get("inf")
+        style = " style='background:#fdecea'" if flagged else ""
+        tds = "".join(f"<td style='padding-right:10px'>{_escape(c)}</td>" for c in cells)
+        body.append(f"<tr{style}><td><b style='color:{rank_color(rank)}'>{rank}</b></td>{tds}</tr>")
+    return f"<table style='font-family:monospace;font-size:12px'><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _escape(text):
+    import html
+
+    return html.escape(str(text))
+
+
+def _number(value):
+    if value is None or value == "":
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
