@@ -17,6 +17,10 @@ Rows:
                (psutil) over the reporting blocks: the cost itself, below the wall-clock noise.
   live view    4 ranks each reporting 2,000 times a second for --flood seconds: widget messages the notebook
                sends per second vs reports per second arriving.
+  gather       32 MB of float32 per rank at N=2 and 4: `%%mpi --gather x --no-inspect` (cell `pass`) vs
+               ipyparallel's `view.pull("x")` on the same world vs one in-process memcpy (`np.copyto` into a
+               preallocated array) of the same total bytes; interleaved, median of --gathers. With the
+               inspector on (statistics computed on the ranks) as a separate row.
 """
 
 import argparse
@@ -164,6 +168,41 @@ def live_view_rate(ip, magics, size, rate, seconds):
     return live.view.messages / elapsed, live.records / elapsed, live.refreshes / elapsed
 
 
+def gather_bandwidth(ip, magics, size, reps):
+    """Median seconds of --gather (without and with the inspector), view.pull and memcpy of size × 32 MB."""
+    import numpy as np
+
+    ip.run_line_magic("mpi", f"start -n {size}")
+    ip.run_cell_magic("mpi", "", "import numpy as np\nx = np.full(8 * 2**20, rank, dtype=np.float32)")
+    view = magics.world.client[:]
+    source = np.ones(size * 8 * 2**20, dtype=np.float32)
+    target = np.zeros_like(source)
+    cases = {
+        "gather": lambda: ip.run_cell_magic("mpi", "--gather x --no-inspect", "pass"),
+        "inspect": lambda: _quietly(lambda: ip.run_cell_magic("mpi", "--gather x", "pass")),
+        "pull": lambda: view.pull("x", block=True),
+        "memcpy": lambda: np.copyto(target, source),
+    }
+    times = {name: [] for name in cases}
+    for _ in range(3):  # the first gathers size the arenas and the notebook's allocations
+        for case in cases.values():
+            case()
+    for _ in range(reps):
+        for name, case in cases.items():
+            times[name].append(clock(case))
+    assert all(np.array_equal(ip.user_ns["x"][r], np.full(8 * 2**20, r, dtype=np.float32)) for r in range(size))
+    ip.run_line_magic("mpi", "stop")
+    return {name: statistics.median(values) for name, values in times.items()}, source.nbytes
+
+
+def _quietly(fn):
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        fn()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="2,4,8", help="world sizes for the round trip (default 2,4,8)")
@@ -172,6 +211,7 @@ def main():
     parser.add_argument("--blocks", type=int, default=60, help="alternating blocks per arm, report row (default 60)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per block, report row (default 20)")
     parser.add_argument("--flood", type=int, default=5, help="seconds of 4 × 2,000 reports/s, live view row")
+    parser.add_argument("--gathers", type=int, default=7, help="repetitions per gather case (default 7)")
     parser.add_argument("--markdown", help="also write the table, with the machine, to this file")
     args = parser.parse_args()
 
@@ -191,11 +231,26 @@ def main():
     rows.append(("training step with mpinb.report() every step, N=2", "same step without report()", *reporting[:3]))
     rows.append(("noise floor: the same, neither arm reporting", "same step without report()", *noise[:3]))
     messages, reports, refreshes = live_view_rate(ip, magics, 4, 2000, args.flood)
+    magics.live_view = "auto"
+    gathers = {size: gather_bandwidth(ip, magics, size, args.gathers) for size in (2, 4)}
+    for size, (median, nbytes) in gathers.items():
+        mb = nbytes / 2**20
+        rows.append((f"--gather 32 MB float32 per rank, N={size} ({mb:.0f} MB)", "view.pull, same world",
+                     median["gather"], median["pull"], None, nbytes))
+        rows.append((f"--gather 32 MB float32 per rank, N={size} ({mb:.0f} MB)", f"memcpy of {mb:.0f} MB",
+                     median["gather"], median["memcpy"], None, nbytes))
+        rows.append((f"--gather with the inspector, N={size}", "--gather --no-inspect", median["inspect"],
+                     median["gather"]))
 
     lines = ["| case | anchor | mpinb | anchor time | mpinb / anchor |", "|---|---|---|---|---|"]
-    for case, what, mine, theirs, *ratio in rows:
-        ratio = ratio[0] if ratio else mine / theirs
-        lines.append(f"| {case} | {what} | {_fmt(mine)} | {_fmt(theirs)} | {ratio:.3f} |")
+    for case, what, mine, theirs, *extra in rows:
+        ratio = extra[0] if extra and extra[0] is not None else mine / theirs
+        if len(extra) > 1:  # a transfer: show bandwidths too
+            nbytes = extra[1]
+            lines.append(f"| {case} | {what} | {_fmt(mine)} ({nbytes / mine / 1e9:.2f} GB/s) | {_fmt(theirs)} "
+                         f"({nbytes / theirs / 1e9:.2f} GB/s) | {ratio:.3f} |")
+        else:
+            lines.append(f"| {case} | {what} | {_fmt(mine)} | {_fmt(theirs)} | {ratio:.3f} |")
     lines.append(f"| CPU in report() calls + the rank's outbox thread, per step | the step | "
                  f"{reporting[3] * reporting[0] * 1e6:.1f} µs | {_fmt(reporting[0])} | {reporting[3]:.4f} |")
     lines.append(f"| live view, 4 ranks × 2,000 reports/s | reports/s arriving | {messages:.0f} widget msgs/s "
@@ -205,6 +260,11 @@ def main():
         lo, hi = sizes[0], sizes[-1]
         lines.append(f"| round-trip growth N={lo}→{hi} ({hi / lo:g}× ranks) | linear would be {hi / lo:g}× | "
                      f"{trips[hi] / trips[lo]:.2f}× | | |")
+    for size, (median, _) in gathers.items():
+        lines.append(f"| --gather bandwidth ÷ memcpy bandwidth, N={size} | goal ≥ 0.25 | "
+                     f"{median['memcpy'] / median['gather']:.2f} | | |")
+        lines.append(f"| --gather speed-up over view.pull, N={size} | goal ≥ 20× | "
+                     f"{median['pull'] / median['gather']:.1f}× | | |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

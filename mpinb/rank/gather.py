@@ -13,6 +13,7 @@ import pickle
 import numpy as np
 
 HISTOGRAM_BINS = 30
+HISTOGRAM_SAMPLE = 1 << 18  # values a histogram is drawn from at most (an evenly strided sample)
 
 
 class TorchLeaf:
@@ -147,7 +148,11 @@ def _device_of(value):
 
 
 def leaf_stats(array, dtype, device):
-    """Shape, dtype, device, norm, min, max, mean, NaN and Inf counts and a histogram of one array."""
+    """Shape, dtype, device, norm, min, max, mean, NaN and Inf counts and a histogram of one array.
+
+    The histogram is of every value up to :data:`HISTOGRAM_SAMPLE` values, of an evenly strided sample beyond
+    (``histogram_stride`` says which); everything else is exact.
+    """
     stats = {"shape": tuple(array.shape), "dtype": dtype, "device": device, "size": int(array.size)}
     if array.size == 0 or array.dtype.kind not in "biuf":
         return stats
@@ -162,9 +167,11 @@ def leaf_stats(array, dtype, device):
         return stats
     low, high = float(values.min()), float(values.max())
     with np.errstate(over="ignore"):
-        stats.update(min=low, max=high, mean=float(values.mean(dtype=np.float64)),
-                     norm=float(np.linalg.norm(values.ravel())))
+        stats.update(min=low, max=high, mean=float(values.mean()), norm=float(np.linalg.norm(values.ravel())))
     if math.isfinite(low) and math.isfinite(high):
-        counts, edges = np.histogram(values, bins=HISTOGRAM_BINS, range=(low, high) if high > low else None)
+        flat = values.ravel()
+        stride = -(-flat.size // HISTOGRAM_SAMPLE)
+        counts, edges = np.histogram(flat[::stride], bins=HISTOGRAM_BINS, range=(low, high) if high > low else None)
         stats["histogram"] = (counts.tolist(), edges.tolist())
+        stats["histogram_stride"] = stride
     return stats

@@ -97,8 +97,7 @@ def _compare(report, leaves):
             same = False
             report.diff[rank] = math.inf
         else:
-            same = np.array_equal(array, reference, equal_nan=array.dtype.kind in "fc")
-            report.diff[rank] = 0.0 if same else _max_abs_diff(array, reference)
+            same, report.diff[rank] = _difference(array, reference)
         if not same:
             report.differing.append(rank)
     report.verdict = verdict(report)
@@ -118,12 +117,24 @@ def _scalar_diff(a, b):
         return math.inf
 
 
-def _max_abs_diff(array, reference):
+def _difference(array, reference):
+    """``(identical, max |array - reference|)``; NaNs at the same places count as identical, elsewhere as nan."""
+    if np.array_equal(array, reference):  # one fast pass, the common case
+        return True, 0.0
     if array.dtype.kind not in "biufc":
-        return math.inf
+        return False, math.inf
     with np.errstate(invalid="ignore", over="ignore"):
-        difference = np.abs(array.astype(np.float64) - reference.astype(np.float64))
-    return float(difference.max()) if not np.isnan(difference).any() else math.nan
+        if array.dtype.kind in "fc":  # in the array's own precision: one temporary, two passes
+            difference = np.subtract(array, reference)
+            np.abs(difference, out=difference)
+        else:
+            difference = np.abs(array.astype(np.float64) - reference)
+        largest = float(difference.max())
+    if math.isnan(largest):
+        if np.array_equal(array, reference, equal_nan=True):
+            return True, 0.0
+        return False, math.nan
+    return False, largest
 
 
 def verdict(report):
