@@ -111,16 +111,15 @@ def grads_widget(reports):
     heatmap = None
     if ratio is not None:
         scales = {"row": bqplot.OrdinalScale(reverse=True), "column": bqplot.OrdinalScale(),
-                  "color": bqplot.ColorScale(scheme="RdBu", mid=1.0)}
+                  "color": bqplot.ColorScale(scheme="RdBu", min=0.0, mid=1.0, max=2.0)}
         grid = bqplot.GridHeatMap(color=ratio, row=[r.layer for r in with_grads],
                                   column=[f"rank {rank}" for rank in ranks], scales=scales)
-        heatmap = bqplot.Figure(marks=[grid], title="gradient norm ÷ the layer's median rank",
+        heatmap = bqplot.Figure(marks=[grid], title="grad norm ÷ layer's median rank: white 1, red less, blue more",
                                 axes=[bqplot.Axis(scale=scales["column"]),
-                                      bqplot.Axis(scale=scales["row"], side="left"),
-                                      bqplot.ColorAxis(scale=scales["color"], side="right")],
-                                fig_margin={"top": 40, "bottom": 30, "left": 120, "right": 70},
+                                      bqplot.Axis(scale=scales["row"], side="left")],
+                                fig_margin={"top": 40, "bottom": 30, "left": 120, "right": 20},
                                 layout=w.Layout(width="480px", height=f"{max(220, 28 * len(with_grads) + 80)}px"))
-    table = w.HTML(f"<pre style='font-size:12px'>{_escape(grads_text(reports))}</pre>")
+    table = w.HTML(_table_html(reports))
     chooser = w.Dropdown(options=[r.layer for r in with_grads], description="layer", layout=w.Layout(width="auto"))
     x_scale, y_scale = bqplot.LinearScale(), bqplot.LinearScale()
     histogram = bqplot.Figure(marks=[], title="gradient histogram per rank", legend_location="top-right",
@@ -150,6 +149,24 @@ def grads_widget(reports):
     box = w.VBox([w.HBox(top + [w.VBox([chooser, histogram])]), table])
     box.reports, box.chooser, box.heatmap, box.histogram, box.table = reports, chooser, heatmap, histogram, table
     return box
+
+
+def _table_html(reports):
+    ranks = sorted(reports[0].norm) if reports else []
+    header = ["layer", "shape", *(f"|grad| rank {r}" for r in ranks), "grad max |Δ|", "weight max |Δ|", "flags"]
+    head = "".join(f"<th align=left style='padding-right:12px;white-space:nowrap'>{_escape(h)}</th>" for h in header)
+    body = []
+    for report in reports:
+        cells = [report.layer + (" (buffer)" if report.kind == "buffer" else ""), str(report.shape)]
+        cells += [_number(report.grad_norm.get(r)) for r in ranks]
+        cells += [_number(report.grad_diff) if report.grad_norm else "", _number(report.diff)]
+        tds = "".join(f"<td style='padding-right:12px;white-space:nowrap'>{_escape(c)}</td>" for c in cells)
+        flags = "<br>".join(_escape(flag) for flag in report.flags)
+        style = " style='background:#fdecea'" if report.flags else ""
+        body.append(f"<tr{style}>{tds}<td style='color:#c62828'>{flags}</td></tr>")
+    verdict = _escape(grads_text(reports).splitlines()[0])
+    return (f"<b>{verdict}</b><table style='font-family:monospace;font-size:12px'><tr>{head}</tr>"
+            f"{''.join(body)}</table>")
 
 
 def _ratio(norms, rank):

@@ -227,12 +227,13 @@ def _summary_html(reports):
 
 
 def _rank_table_html(report):
-    head = "".join(f"<th align=left style='padding-right:10px'>{c}</th>" for c in ("rank", *STAT_COLUMNS))
+    head = "".join(f"<th align=left style='padding-right:10px;white-space:nowrap'>{c}</th>"
+                   for c in ("rank", *STAT_COLUMNS))
     body = []
     for rank, cells in rows(report).items():
         flagged = rank in report.differing or report.stats[rank].get("nan") or report.stats[rank].get("inf")
         style = " style='background:#fdecea'" if flagged else ""
-        tds = "".join(f"<td style='padding-right:10px'>{_escape(c)}</td>" for c in cells)
+        tds = "".join(f"<td style='padding-right:10px;white-space:nowrap'>{_escape(c)}</td>" for c in cells)
         body.append(f"<tr{style}><td><b style='color:{rank_color(rank)}'>{rank}</b></td>{tds}</tr>")
     return f"<table style='font-family:monospace;font-size:12px'><tr>{head}</tr>{''.join(body)}</table>"
 
