@@ -72,7 +72,9 @@ class World:
         self.engines = {}  # rank -> engine id
         self.identities = {}  # rank -> {"rank", "size", "host", "pid", "mpi"}
         self.started_at = None
+        self.receiver = None  # readers of the ranks' shared-memory arenas (--gather)
         self._processes = []
+        self._shared_files = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,6 +117,7 @@ class World:
             self._processes = self._launched_processes()
             everyone = self.client.direct_view(targets=list(self.client.ids))
             self._learn_ranks(everyone)
+            self._shared_files = self._mapped_shared_files()
             self._open_channel(everyone)
         except BaseException:
             self.stop()
@@ -128,7 +131,7 @@ class World:
         self.cluster = self.client = self.channel = None
         if channel is not None:
             channel.close()
-        if getattr(self, "receiver", None) is not None:
+        if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
         processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
@@ -149,6 +152,7 @@ class World:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(alive, timeout=5)
+        self._remove_shared_files()
         self._processes = []
         self.engines = {}
         _live_worlds.discard(self)
@@ -282,6 +286,27 @@ class World:
         view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
                         key=self.channel.key)
         self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
+
+    def _mapped_shared_files(self):
+        """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""
+        files = set()
+        for process in self._processes:
+            try:
+                maps = process.memory_maps()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            files.update(m.path for m in maps if m.path.startswith("/dev/shm/") and not m.path.endswith("(deleted)"))
+        return files
+
+    def _remove_shared_files(self):
+        """MPI removes its segments at MPI_Finalize; a rank that died cannot, so what is left once every process
+        of the world is gone is removed here (only files these ranks had mapped)."""
+        for path in self._shared_files:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._shared_files = set()
 
     def _controller_alive(self):
         process = getattr(self.cluster.controller, "process", None)

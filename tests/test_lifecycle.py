@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import assert_all_gone, world_processes
-from mpinb.errors import MPIError
+from mpinb.errors import MPIError, RankError
 from mpinb.preflight import mpi_library
 from mpinb.widgets.status import status_widget
 
@@ -114,6 +114,18 @@ def test_mpiexec_of_another_mpi_is_detected(ip, magics, tmp_path):
     assert magics.world is None
     leftovers = [p for p in psutil.Process().children(recursive=True) if "ipyparallel" in " ".join(p.cmdline())]
     assert_all_gone(leftovers)
+
+
+def test_a_dead_rank_leaves_no_process_and_no_shared_memory(ip, magics, world_of, mpi):
+    world = world_of(2)
+    shared = set(world._shared_files)
+    assert any(os.path.basename(path).startswith("mpich_shm_") for path in shared)  # MPI's own segment
+    processes = world_processes(world)
+    with pytest.raises(RankError, match="died"):
+        mpi("import os\nif rank == 1:\n    os._exit(1)\nimport time\ntime.sleep(30)")
+    ip.run_line_magic("mpi", "stop")
+    assert_all_gone(processes)
+    assert not [path for path in shared if os.path.exists(path)]
 
 
 def test_kernel_exit_leaves_no_process(tmp_path):
