@@ -1,0 +1,17 @@
+"""Data-parallel PyTorch on an MPI world, the Horovod way and the ``DistributedDataParallel`` way.
+
+Runs on ranks (under ``%%mpi`` or plain ``mpiexec python train.py``); imports no IPython::
+
+    import mpinb.torch as mt
+    mt.init_process_group()                      # torch.distributed from MPI: gloo on CPU, nccl with a GPU each
+    mt.broadcast_parameters(model)               # every rank starts from rank 0's weights
+    loss.backward()
+    mt.allreduce_gradients(model)                # average gradients: fused buckets, buffer-based MPI
+    opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, overlap=True)
+"""
+
+from .rank.data_parallel import DistributedOptimizer, GradientAllreducer, allreduce_gradients, broadcast_parameters
+from .rank.process_group import choose_backend, destroy_process_group, init_process_group
+
+__all__ = ["DistributedOptimizer", "GradientAllreducer", "allreduce_gradients", "broadcast_parameters",
+           "choose_backend", "destroy_process_group", "init_process_group"]
