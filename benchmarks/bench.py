@@ -21,6 +21,13 @@ Rows:
                ipyparallel's `view.pull("x")` on the same world vs one in-process memcpy (`np.copyto` into a
                preallocated array) of the same total bytes; interleaved, median of --gathers. With the
                inspector on (statistics computed on the ranks) as a separate row.
+  allreduce    an ~11.7 M-parameter gradient set with ResNet-18's 62 parameter shapes, N=2, median of
+               --allreduces: `mpinb.torch.allreduce_gradients` (25 MB buckets) vs one flat `MPI.Allreduce` of
+               the same bytes (the bound) vs one `Allreduce` per parameter vs torch.distributed gloo
+               `all_reduce` of the same buckets vs DDP (backward with its gloo reduction, minus plain backward).
+  scaling      an MLP training step (~1 M parameters, batch 64 per rank, one torch thread per rank): 1 rank vs
+               2 ranks with allreduce_gradients (weak scaling efficiency = t1 / t2), and the overlapped
+               DistributedOptimizer vs the blocking one at N=2.
 """
 
 import argparse
@@ -203,6 +210,117 @@ def _quietly(fn):
         fn()
 
 
+RESNET18 = """
+import statistics, time, torch, numpy as np
+import torch.distributed as dist
+import mpinb.torch as mt
+from mpi4py import MPI
+torch.set_num_threads(1)
+
+def resnet18_shapes():
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    channels = 64
+    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        for block in range(2):
+            first = block == 0
+            shapes += [(width, channels if first else width, 3, 3), (width,), (width,), (width, width, 3, 3), (width,),
+                       (width,)]
+            if first and (stride != 1 or channels != width):
+                shapes += [(width, channels, 1, 1), (width,), (width,)]
+        channels = width
+    return shapes + [(1000, 512), (1000,)]
+
+params = [torch.nn.Parameter(torch.zeros(shape)) for shape in resnet18_shapes()]
+for p in params:
+    p.grad = torch.randn_like(p)
+named = [(str(i), p) for i, p in enumerate(params)]
+total = sum(p.numel() for p in params)
+flat = np.random.rand(total).astype(np.float32)
+mt.init_process_group("gloo")
+buckets = [torch.cat([p.grad.reshape(-1) for _, p in bucket]) for bucket in mt.allreduce_gradients.__globals__["_buckets"](named, bucket_bytes=25 << 20)]
+
+class Everything(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(p.shape)) for p in params])
+    def forward(self):
+        return sum(p.sum() for p in self.params)
+
+plain = Everything()
+ddp = torch.nn.parallel.DistributedDataParallel(Everything())
+cases = {
+    "bucketed": lambda: mt.allreduce_gradients(named),
+    "flat": lambda: comm.Allreduce(MPI.IN_PLACE, flat),
+    "per_parameter": lambda: [comm.Allreduce(MPI.IN_PLACE, p.grad.numpy()) for p in params],
+    "gloo": lambda: [dist.all_reduce(b) for b in buckets],
+    "ddp": lambda: ddp().backward(),
+    "plain_backward": lambda: plain().backward(),
+}
+times = {name: [] for name in cases}
+for repeat in range(REPS + 2):
+    for name, case in cases.items():
+        comm.Barrier()
+        tic = time.perf_counter()
+        case()
+        comm.Barrier()
+        if repeat >= 2:
+            times[name].append(time.perf_counter() - tic)
+result = {name: statistics.median(values) for name, values in times.items()}
+result["bytes"] = total * 4
+result
+"""
+
+MLP_STEP = """
+import statistics, time, torch
+import mpinb.torch as mt
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512), torch.nn.ReLU(),
+                            torch.nn.Linear(512, 10))
+x, y = torch.randn(64, 512), torch.randint(0, 10, (64,))
+blocking = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
+overlapped = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, overlap=True, bucket_mb=1)
+overlapped.reducer.remove()  # hooks only while it is measured
+
+def steps(opt, n):
+    comm.Barrier()
+    tic = time.perf_counter()
+    for _ in range(n):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    comm.Barrier()
+    return (time.perf_counter() - tic) / n
+
+times = {"blocking": [], "overlapped": []}
+steps(blocking, 5)
+for block in range(BLOCKS):
+    times["blocking"].append(steps(blocking, STEPS))
+    if OVERLAP:
+        overlapped.reducer = mt.GradientAllreducer(model, bucket_mb=1)
+        times["overlapped"].append(steps(overlapped, STEPS))
+        overlapped.reducer.remove()
+{name: statistics.median(values) for name, values in times.items() if values}
+"""
+
+
+def allreduce_rows(ip, reps):
+    ip.run_line_magic("mpi", "start -n 2")
+    result = ip.run_cell_magic("mpi", "", RESNET18.replace("REPS", str(reps)))[0]
+    ip.run_line_magic("mpi", "stop")
+    return result
+
+
+def scaling_rows(ip, blocks, steps):
+    code = MLP_STEP.replace("BLOCKS", str(blocks)).replace("STEPS", str(steps))
+    ip.run_line_magic("mpi", "start -n 1")
+    one = ip.run_cell_magic("mpi", "", code.replace("OVERLAP", "False"))[0]
+    ip.run_line_magic("mpi", "restart -n 2")
+    two = ip.run_cell_magic("mpi", "", code.replace("OVERLAP", "True"))[0]
+    ip.run_line_magic("mpi", "stop")
+    return one["blocking"], two["blocking"], two["overlapped"]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="2,4,8", help="world sizes for the round trip (default 2,4,8)")
@@ -212,6 +330,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20, help="training steps per block, report row (default 20)")
     parser.add_argument("--flood", type=int, default=5, help="seconds of 4 × 2,000 reports/s, live view row")
     parser.add_argument("--gathers", type=int, default=7, help="repetitions per gather case (default 7)")
+    parser.add_argument("--allreduces", type=int, default=15, help="repetitions per allreduce case (default 15)")
     parser.add_argument("--markdown", help="also write the table, with the machine, to this file")
     args = parser.parse_args()
 
@@ -232,6 +351,19 @@ def main():
     rows.append(("noise floor: the same, neither arm reporting", "same step without report()", *noise[:3]))
     messages, reports, refreshes = live_view_rate(ip, magics, 4, 2000, args.flood)
     magics.live_view = "auto"
+    reduced = allreduce_rows(ip, args.allreduces)
+    mb = reduced["bytes"] / 2**20
+    for name, anchor in (("flat", f"one flat MPI.Allreduce of the {mb:.0f} MB (the bound)"),
+                         ("per_parameter", "one MPI.Allreduce per parameter (62)"),
+                         ("gloo", "torch.distributed gloo all_reduce, same buckets")):
+        rows.append((f"allreduce_gradients, ResNet-18 gradients ({mb:.0f} MB), N=2", anchor, reduced["bucketed"],
+                     reduced[name]))
+    ddp_reduction = reduced["ddp"] - reduced["plain_backward"]
+    rows.append((f"allreduce_gradients, ResNet-18 gradients ({mb:.0f} MB), N=2",
+                 "DDP (gloo): backward with its reduction − plain backward", reduced["bucketed"], ddp_reduction))
+    one, two, overlapped = scaling_rows(ip, 15, 10)
+    rows.append(("MLP training step, N=2 with allreduce_gradients (weak scaling)", "the same step, N=1", two, one))
+    rows.append(("MLP training step, N=2, DistributedOptimizer(overlap=True)", "the blocking one", overlapped, two))
     gathers = {size: gather_bandwidth(ip, magics, size, args.gathers) for size in (2, 4)}
     for size, (median, nbytes) in gathers.items():
         mb = nbytes / 2**20
@@ -265,6 +397,10 @@ def main():
                      f"{median['memcpy'] / median['gather']:.2f} | | |")
         lines.append(f"| --gather speed-up over view.pull, N={size} | goal ≥ 20× | "
                      f"{median['pull'] / median['gather']:.1f}× | | |")
+    lines.append(f"| allreduce_gradients speed ÷ flat Allreduce speed | goal ≥ 0.9 | "
+                 f"{reduced['flat'] / reduced['bucketed']:.2f} | | |")
+    lines.append(f"| allreduce_gradients speed-up over gloo | goal ≥ 3× | {reduced['gloo'] / reduced['bucketed']:.1f}× | | |")
+    lines.append(f"| weak-scaling efficiency N=1→2 (t1 / t2) | goal ≥ 0.85 | {one / two:.2f} | | |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:

@@ -202,7 +202,7 @@ def test_under_plain_mpiexec(ranks, tmp_path):
     done = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, str(script)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n").count(f"ok gloo {ranks}") == ranks
+    assert done.stdout.count(f"ok gloo {ranks}") == ranks  # lines of two ranks may interleave
 
 
 def test_backend_and_device_choice():

@@ -23,33 +23,42 @@ def broadcast_parameters(model, root=0, *, comm=None):
         else _named(model)
     _agree(comm, "broadcast_parameters", [(name, tuple(t.shape), str(t.dtype), True) for name, t in named])
     with torch.no_grad():
-        for bucket in _buckets([(name, t) for name, t in named], bucket_bytes=64 << 20):
-            flat = _flatten([t for _, t in bucket])
+        for index, bucket in enumerate(_buckets([(name, t) for name, t in named], bucket_bytes=64 << 20)):
+            flat = _flatten([t for _, t in bucket], slot=("broadcast", index))
             comm.Bcast(_mpi_buffer(flat), root=root)
             _unflatten(flat, [t for _, t in bucket])
 
 
 def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, comm=None):
-    """Sum (or average) every gradient across ranks, in place, in buckets of about *bucket_mb* MB.
+    """Sum (or average) every gradient across ranks, in place.
 
-    Gradients are copied into one flat buffer per bucket and dtype, reduced with ``Allreduce`` on that memory,
-    and copied back. ``compression="fp16"`` halves the bytes on the wire (values are pre-divided by the size
-    when averaging, so the fp16 sum does not overflow). Parameters without a gradient on every rank are
-    skipped; one with a gradient on some ranks only is an error naming it and the ranks.
+    Small gradients are fused: copied into one flat buffer per bucket of up to *bucket_mb* MB and dtype,
+    reduced, and copied back. Gradients of :data:`IN_PLACE_BYTES` or more are reduced where they are, with no
+    copy. Every ``Allreduce`` goes in pieces of :data:`CHUNK_BYTES` (MPICH reduces 2–4 MB pieces twice as fast
+    as one 46 MB message here). ``compression="fp16"`` halves the bytes on the wire (values are pre-divided by
+    the size when averaging, so the fp16 sum does not overflow). Parameters without a gradient on every rank
+    are skipped; one with a gradient on some ranks only is an error naming it and the ranks.
     """
     comm = _world(comm)
     named = [(name, p) for name, p in _named(model) if p.requires_grad]
     _agree(comm, "allreduce_gradients", _signature(named))
     with torch.no_grad():
-        for bucket in _buckets([(n, p) for n, p in named if p.grad is not None], bucket_bytes=bucket_mb << 20):
+        buckets = _buckets([(n, p) for n, p in named if p.grad is not None], bucket_bytes=bucket_mb << 20)
+        for index, bucket in enumerate(buckets):
             grads = [p.grad for _, p in bucket]
-            flat = _flatten(grads, dtype=_wire_dtype(grads[0].dtype, compression))
-            if average and compression:
-                flat.div_(comm.size)
-            comm.Allreduce(_IN_PLACE(), _mpi_buffer(flat), op=_SUM())
-            if average and not compression:
-                flat.div_(comm.size)
-            _unflatten(flat, grads)
+            wire = _wire_dtype(grads[0].dtype, compression)
+            if _reducible_in_place(grads, wire):
+                flat = grads[0].view(-1)
+            else:
+                flat = _flatten(grads, dtype=wire, slot=index)
+                if average and compression:
+                    flat.div_(comm.size)
+            for piece, memory in _chunks(flat):
+                comm.Allreduce(_IN_PLACE(), memory, op=_SUM())
+                if average and not compression:
+                    piece.div_(comm.size)  # while the piece is still in cache
+            if flat.data_ptr() != grads[0].data_ptr():
+                _unflatten(flat, grads)
 
 
 class GradientAllreducer:
@@ -91,12 +100,16 @@ class GradientAllreducer:
         params = [p for _, p in self.buckets[index]]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params] if fill_missing \
             else [p.grad for p in params]
+        wire = _wire_dtype(params[0].dtype, self.compression)
         with torch.no_grad():
-            flat = _flatten(grads, dtype=_wire_dtype(params[0].dtype, self.compression))
-            if self.average and self.compression:
-                flat.div_(self.comm.size)
+            if _reducible_in_place(grads, wire) and grads[0] is params[0].grad:
+                flat = grads[0].view(-1)
+            else:
+                flat = _flatten(grads, dtype=wire, slot=("overlap", index))
+                if self.average and self.compression:
+                    flat.div_(self.comm.size)
         self.flats[index] = flat
-        self.requests.append(self.comm.Iallreduce(_IN_PLACE(), _mpi_buffer(flat), op=_SUM()))
+        self.requests.extend(self.comm.Iallreduce(_IN_PLACE(), memory, op=_SUM()) for _, memory in _chunks(flat))
         self.started += 1
 
     def synchronize(self):
@@ -116,7 +129,9 @@ class GradientAllreducer:
             for flat, bucket in zip(self.flats, self.buckets):
                 if self.average and not self.compression:
                     flat.div_(self.comm.size)
-                _unflatten(flat, [p.grad for _, p in bucket], sizes=[p.numel() for _, p in bucket])
+                grads = [p.grad for _, p in bucket]
+                if grads[0] is None or flat.data_ptr() != grads[0].data_ptr():
+                    _unflatten(flat, grads, sizes=[p.numel() for _, p in bucket])
         self._reset()
 
     def remove(self):
@@ -237,12 +252,35 @@ def _agree(comm, what, signature):
     raise ValueError(f"{what}: ranks disagree on {len(problems)} parameter(s): " + " | ".join(problems))
 
 
+IN_PLACE_BYTES = 1 << 20  # a gradient this big is reduced in its own memory: fusing it would only add copies
+CHUNK_BYTES = 2 << 20  # Allreduce piece size (measured fastest for 2-4 MB on MPICH over shared memory)
+
+
+def _reducible_in_place(tensors, wire_dtype):
+    (tensor, *more) = tensors
+    return (not more and tensor.is_contiguous() and tensor.device.type == "cpu" and tensor.dtype == wire_dtype
+            and tensor.numel() * tensor.element_size() >= IN_PLACE_BYTES)
+
+
+def _chunks(flat):
+    """``(piece, [memory, count, datatype])`` for pieces of a flat tensor of at most :data:`CHUNK_BYTES`."""
+    step = max(1, CHUNK_BYTES // flat.element_size())
+    pieces = [flat[start:start + step] for start in range(0, flat.numel(), step)]
+    return [(piece, _mpi_buffer(piece)) for piece in pieces]
+
+
 def _buckets(named, *, bucket_bytes):
-    """Consecutive groups of one dtype and about *bucket_bytes*, in reverse order (backward produces the last
-    layers' gradients first)."""
+    """Groups of one dtype and at most about *bucket_bytes*, in reverse order (backward produces the last
+    layers' gradients first); a tensor of :data:`IN_PLACE_BYTES` or more is a bucket of its own."""
     buckets, current, size = [], [], 0
     for name, tensor in reversed(named):
         nbytes = tensor.numel() * tensor.element_size()
+        if nbytes >= IN_PLACE_BYTES:
+            if current:
+                buckets.append(current)
+                current, size = [], 0
+            buckets.append([(name, tensor)])
+            continue
         if current and (tensor.dtype != current[0][1].dtype or size + nbytes > bucket_bytes):
             buckets.append(current)
             current, size = [], 0
@@ -261,10 +299,24 @@ def _wire_dtype(dtype, compression):
     raise ValueError(f"compression must be None or 'fp16', not {compression!r}")
 
 
-def _flatten(tensors, dtype=None):
-    """One contiguous CPU buffer holding *tensors* one after another (converted to *dtype*)."""
+_flats = {}  # (elements, dtype, slot) -> a reusable flat buffer
+_FLAT_SLOTS = 64
+
+
+def _flatten(tensors, dtype=None, *, slot=0):
+    """One contiguous CPU buffer holding *tensors* one after another (converted to *dtype*).
+
+    Buffers are kept and reused by size, dtype and *slot* (a bucket's index): fresh memory costs a page
+    fault per 4 KB, which made a 45 MB reduction 2.5× slower than the copies and the reduction themselves.
+    """
     dtype = dtype or tensors[0].dtype
-    flat = torch.empty(sum(t.numel() for t in tensors), dtype=dtype)
+    total = sum(t.numel() for t in tensors)
+    key = (total, dtype, slot)
+    flat = _flats.get(key)
+    if flat is None:
+        if len(_flats) >= _FLAT_SLOTS:
+            _flats.clear()
+        flat = _flats[key] = torch.empty(total, dtype=dtype)
     offset = 0
     for tensor in tensors:
         n = tensor.numel()

@@ -107,6 +107,10 @@ def destroy_process_group():
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        import gc
+
+        dist.barrier()  # no rank tears down while another still talks to it
+        gc.collect()  # DistributedDataParallel's reducer holds the group: let it go first
         dist.destroy_process_group()
     _current.clear()
 
