@@ -135,6 +135,7 @@ class World:
             self.receiver.close()
             self.receiver = None
         processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
+        self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
         if client is not None:
             client.close()
         if cluster is not None:
@@ -287,10 +288,10 @@ class World:
                         key=self.channel.key)
         self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
 
-    def _mapped_shared_files(self):
+    def _mapped_shared_files(self, processes=None):
         """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""
         files = set()
-        for process in self._processes:
+        for process in self._processes if processes is None else processes:
             try:
                 maps = process.memory_maps()
             except (psutil.NoSuchProcess, psutil.AccessDenied):

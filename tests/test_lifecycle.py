@@ -109,11 +109,13 @@ def test_mpiexec_of_another_mpi_is_detected(ip, magics, tmp_path):
     """))
     launcher.chmod(0o755)
     ip.run_line_magic("mpi", "stop")
+    shared_before = set(os.listdir("/dev/shm"))
     with pytest.raises(MPIError, match="does not belong to the MPI library"):
         ip.run_line_magic("mpi", f"start -n 2 --mpiexec {launcher}")
     assert magics.world is None
     leftovers = [p for p in psutil.Process().children(recursive=True) if "ipyparallel" in " ".join(p.cmdline())]
     assert_all_gone(leftovers)
+    assert not [name for name in set(os.listdir("/dev/shm")) - shared_before if name.startswith("mpich_shm_")]
 
 
 def test_a_dead_rank_leaves_no_process_and_no_shared_memory(ip, magics, world_of, mpi):
