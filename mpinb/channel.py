@@ -34,8 +34,11 @@ class Channel:
         self._next_cell = 0
 
     def wait_for_ranks(self, ranks, timeout):
-        """Wait until every rank's agent said hello; raise ``TimeoutError`` naming the silent ones."""
-        waiting = set(ranks)
+        """Wait until every rank's agent said hello; raise ``TimeoutError`` naming the silent ones.
+
+        Returns ``{rank: path}`` of the files the ranks dump their stacks to (see ``rank/stacks.py``).
+        """
+        waiting, stack_files = set(ranks), {}
         deadline = time.monotonic() + timeout
         while waiting:
             left = deadline - time.monotonic()
@@ -44,6 +47,8 @@ class Channel:
             for message in self.receive(left):
                 if message[0] == "hello":
                     waiting.discard(message[1])
+                    stack_files[message[1]] = message[2]
+        return stack_files
 
     def send_cell(self, ranks, code, number, options=None):
         """Send *code* to *ranks*; return the id that its output and replies carry.

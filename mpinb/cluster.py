@@ -3,9 +3,11 @@
 import atexit
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import weakref
 
@@ -73,6 +75,8 @@ class World:
         self.identities = {}  # rank -> {"rank", "size", "host", "pid", "mpi"}
         self.started_at = None
         self.receiver = None  # readers of the ranks' shared-memory arenas (--gather)
+        self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
+        self.status_dir = None  # where each rank's launcher writes how its engine ended
         self._processes = []
         self._shared_files = set()
 
@@ -96,8 +100,13 @@ class World:
         config = Config()
         config.MPILauncher.mpi_cmd = [mpiexec]
         config.MPILauncher.mpi_args = self.mpiexec_args
+        # each rank runs its engine under a parent that records how it ended (rank/launch.py)
+        config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-m", "mpinb.rank.launch"]
+        self.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
+        environment = {"MPINB_STATUS_DIR": self.status_dir}
         if self.ip.startswith("127.") or self.ip == "localhost":
-            config.MPIEngineSetLauncher.environment = LOOPBACK_ENV
+            environment.update(LOOPBACK_ENV)
+        config.MPIEngineSetLauncher.environment = environment
         self.cluster = ipp.Cluster(
             engines="mpi",
             n=self.size,
@@ -154,6 +163,9 @@ class World:
                 pass
         psutil.wait_procs(alive, timeout=5)
         self._remove_shared_files()
+        if self.status_dir is not None:
+            shutil.rmtree(self.status_dir, ignore_errors=True)
+            self.status_dir = None
         self._processes = []
         self.engines = {}
         _live_worlds.discard(self)
@@ -183,6 +195,16 @@ class World:
                 remote.append(self.engines[rank])
         if remote:
             self.client.send_signal(signal.SIGINT, targets=remote, block=False)
+
+    def launcher_output(self):
+        """What mpiexec printed so far (Hydra's reports of failed processes among it)."""
+        texts = []
+        for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
+            path = getattr(launcher, "output_file", "")
+            if path and os.path.exists(path):
+                with open(path, errors="replace") as output:
+                    texts.append(output.read())
+        return "\n".join(texts)
 
     def on_this_host(self, ranks=None):
         """Whether *ranks* (default: all) run on the notebook's host, so they can share memory with it."""
@@ -286,7 +308,7 @@ class World:
         self.receiver = Receiver()
         view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
                         key=self.channel.key)
-        self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
+        self.stack_files = self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
 
     def _mapped_shared_files(self, processes=None):
         """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""

@@ -14,9 +14,12 @@ class RankError(Exception):
     once with the list of ranks. ``size`` is the number of ranks the cell ran on.
     """
 
-    def __init__(self, failures, ranks):
+    SECONDARY = ("Timeout", "Aborted", "KeyboardInterrupt", "RankLost")  # shown after the real exceptions
+
+    def __init__(self, failures, ranks, notes=()):
         self.failures = dict(sorted(failures.items()))
         self.ranks = list(ranks)
+        self.notes = list(notes)
         super().__init__(self.summary())
 
     @property
@@ -26,13 +29,13 @@ class RankError(Exception):
         for rank, failure in self.failures.items():
             key = (failure["ename"], failure["evalue"], tuple(failure["traceback"]))
             merged.setdefault(key, ([], failure))[0].append(rank)
-        return list(merged.values())
+        return sorted(merged.values(), key=lambda group: group[1]["ename"] in self.SECONDARY)
 
     def summary(self):
         failed = list(self.failures)
         head = f"cell failed on {label_ranks(failed)} ({len(failed)} of {len(self.ranks)} ran it)"
         lines = [f"{label_ranks(ranks)}: {f['ename']}: {f['evalue']}" for ranks, f in self.groups]
-        return head + "\n" + "\n".join(lines)
+        return head + "\n" + "\n".join(lines + self.notes)
 
     def _render_traceback_(self):
         out = []

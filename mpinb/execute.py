@@ -3,9 +3,11 @@
 import time
 from dataclasses import dataclass, field
 
+from .diagnose import capture_stacks, death_report
 from .errors import GatherError, RankError
 from .gather import missing_message
 from .output import RankPrinter, rank_ordered
+from .ranks import label_ranks
 from .perrank import PerRank
 
 
@@ -23,6 +25,12 @@ class CellResult:
     gather_errors: dict = field(default_factory=dict)  # name -> {rank: message}
     gather_stats: dict = field(default_factory=dict)  # name -> {rank: {leaf path: statistics}}
     gather_notes: list = field(default_factory=list)  # how gathers travelled when not as asked
+    trouble: str = None  # why mpinb stopped the cell: "timeout", "failure" (a rank failed), "interrupt"
+    stacks: dict = field(default_factory=dict)  # rank -> RankStack captured when the cell was stopped
+    stuck: list = field(default_factory=list)  # ranks that did not answer the interrupt
+    finished: list = field(default_factory=list)  # ranks that completed the cell without error
+    first_failure: int = None
+    first_death: int = None
 
     @property
     def ok(self):
@@ -32,9 +40,11 @@ class CellResult:
         """The cell's output rank by rank, in rank order."""
         return rank_ordered(self.stdout, self.stderr, ranks=self.ranks)
 
-    def raise_for_errors(self):
+    def raise_for_errors(self, notes=()):
         if self.errors:
-            raise RankError(self.errors, self.ranks)
+            if self.trouble in ("timeout", "failure") and self.finished:
+                notes = [f"{label_ranks(self.finished)} had finished the cell", *notes]
+            raise RankError(self.errors, self.ranks, notes=notes)
 
     def raise_for_gather_errors(self):
         if self.gather_errors:
@@ -43,15 +53,19 @@ class CellResult:
 
 
 def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, metrics=None, options=None,
-             interrupt_grace=5.0, liveness_every=0.5):
+             timeout=None, abort_grace=2.0, interrupt_grace=5.0, liveness_every=0.5):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
     from ``mpinb.report()`` go to *metrics* (a :class:`~mpinb.live.LiveMetrics`), which is ticked between
-    messages. *options* travel with the cell to the ranks' agents. A rank whose process dies is reported as
-    failed instead of being waited for (checked every *liveness_every* s). A ``KeyboardInterrupt`` while
-    waiting interrupts the ranks, waits up to *interrupt_grace* seconds for them to say where they stopped,
-    and is raised again.
+    messages. *options* travel with the cell to the ranks' agents.
+
+    The cell is stopped — each running rank's stack captured first, then SIGINT — when *timeout* seconds pass,
+    when a rank has failed and the others have not finished *abort_grace* seconds later (they are most likely
+    waiting for it in a collective; ``None`` waits for them), or on ``KeyboardInterrupt`` (raised again
+    afterwards). Ranks that do not answer the interrupt within *interrupt_grace* seconds are listed in
+    ``result.stuck``. A rank whose process dies is reported, with what mpiexec said about it, within
+    *liveness_every* seconds.
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()
@@ -60,9 +74,19 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     channel = world.channel
     cell_id = channel.send_cell(ranks, code, number, options)
     replies = {}
-    interrupted = give_up_at = None
+    interrupted = give_up_at = first_failure = None
+    deadline = time.monotonic() + timeout if timeout else None
     check_liveness_at = time.monotonic() + liveness_every
     wait = liveness_every if metrics is None else min(liveness_every, metrics.refresh_interval)
+
+    def stop(reason):
+        nonlocal give_up_at
+        pending = [rank for rank in ranks if rank not in replies]
+        result.trouble = reason
+        result.stacks = capture_stacks(world, pending)
+        world.interrupt(pending)
+        give_up_at = time.monotonic() + interrupt_grace
+
     while len(replies) < len(ranks):
         try:
             for message in channel.receive(wait):
@@ -78,38 +102,86 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                     replies[message[1]] = message[3]
                     if "gathered" in message[3]:  # copy out now, while other ranks are still sending
                         _unpack_gathered(world, result, message[1], message[3])
+                    if "error" in message[3] and first_failure is None and result.trouble is None:
+                        first_failure = (message[1], time.monotonic())
             now = time.monotonic()
             if metrics is not None:
                 metrics.tick(now)
+            if result.trouble is None and len(replies) < len(ranks):
+                if deadline is not None and now >= deadline:
+                    stop("timeout")
+                elif first_failure and abort_grace is not None and now >= first_failure[1] + abort_grace:
+                    stop("failure")
             if now < check_liveness_at:
                 continue
             check_liveness_at = now + liveness_every
-            for rank in world.dead_ranks(set(ranks) - set(replies)):
-                replies[rank] = {"error": _lost(f"rank {rank} died (its process exited) while running the cell; "
-                                                "%mpi restart starts a fresh world")}
+            _check_deaths(world, ranks, replies, result)
             if give_up_at is not None and now > give_up_at:
                 break
         except KeyboardInterrupt as exc:
             if interrupted is not None:
-                break
-            interrupted, give_up_at = exc, time.monotonic() + interrupt_grace
-            world.interrupt(set(ranks) - set(replies))
+                break  # a second interrupt: stop waiting at once
+            interrupted = exc
+            stop("interrupt")
     printer.finish()
     if metrics is not None:
         metrics.finish()
     result.seconds = time.perf_counter() - started
+    result.first_failure = first_failure[0] if first_failure else None
     for rank in ranks:
         reply = replies.get(rank)
         if reply is None:
-            result.errors[rank] = _lost(f"no answer within {interrupt_grace:g} s of the interrupt (stuck in C or an "
-                                        "MPI call?); %mpi restart starts a fresh world")
+            result.stuck.append(rank)
+            result.errors[rank] = _stopped(result, rank, code, timeout, interrupt_grace, answered=False)
         elif "error" in reply:
-            result.errors[rank] = reply["error"]
+            error = reply["error"]
+            if rank in result.stacks and error["ename"] == "KeyboardInterrupt":
+                error = _stopped(result, rank, code, timeout, interrupt_grace, answered=True)
+            result.errors[rank] = error
         elif reply["value"] is not None:
             result.values[rank] = reply["value"]
+    result.finished = [rank for rank in ranks if rank not in result.errors]
     if interrupted is not None:
+        interrupted.mpinb_result = result  # where each rank was, for whoever handles the interrupt
         raise interrupted
     return result
+
+
+def _stopped(result, rank, code, timeout, grace, *, answered):
+    """The error of a rank mpinb stopped: why, where it was, and whether it answered the interrupt."""
+    stack = result.stacks.get(rank)
+    where = stack.where(code) if stack is not None else "position unknown"
+    if result.trouble == "timeout":
+        why = f"still running after {timeout:g} s"
+    elif result.trouble == "failure":
+        why = f"stopped after rank {result.first_failure} failed"
+    else:
+        why = "interrupted"
+    ename = {"timeout": "Timeout", "interrupt": "KeyboardInterrupt", "failure": "Aborted"}[result.trouble]
+    tail = "" if answered else f"; did not answer the interrupt within {grace:g} s (stuck in C or MPI)"
+    frames = ["Where it was (most recent call last):\n" + stack.text() + "\n"] if stack is not None and stack.frames \
+        else []
+    return {"ename": ename, "evalue": f"{why}, {where}{tail}", "traceback": frames}
+
+
+def _check_deaths(world, ranks, replies, result):
+    dead = world.dead_ranks([rank for rank in ranks if rank not in replies])
+    if not dead:
+        return
+    deaths = death_report(world, dead, wait=0.5)
+    for death in sorted(deaths.values(), key=lambda d: (d.when is None, d.when or 0.0)):
+        rank = death.rank
+        if result.first_death is None:
+            result.first_death = rank
+            message = f"rank {rank} died: {death.describe()}"
+            tail = "\n".join(result.stderr.get(rank, "").splitlines()[-5:])
+            if tail:
+                message += f"; its last stderr lines:\n{tail}"
+        elif death.returncode == -9 or death.returncode is None:
+            message = f"rank {rank} was ended by mpiexec after rank {result.first_death} died"
+        else:
+            message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"
+        replies[rank] = {"error": _lost(message + "\n%mpi restart starts a fresh world of the same size")}
 
 
 def _unpack_gathered(world, result, rank, reply):

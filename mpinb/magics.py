@@ -36,7 +36,13 @@ class MPIMagics(Magics):
     start_timeout = Float(60.0, config=True, help="Seconds to wait for all ranks to come up.")
     heartbeat_ms = Integer(500, config=True, help="Controller-engine heartbeat period in milliseconds.")
     stream = Bool(True, config=True, help="Print rank output while the cell runs (else in rank order at the end).")
-    interrupt_grace = Float(5.0, config=True, help="Seconds ranks get to stop after an interrupt before giving up.")
+    interrupt_grace = Float(5.0, config=True,
+                            help="Seconds ranks get to answer an interrupt; ranks stuck longer (in MPI or C) make "
+                                 "mpinb restart the world.")
+    timeout = Float(0.0, config=True, help="Default for %%mpi --timeout: seconds a cell may run (0: no limit).")
+    abort_grace = Float(2.0, config=True,
+                        help="When a rank fails, seconds the other ranks get to finish before they are stopped "
+                             "(they are usually waiting for it in a collective). Negative: wait for them.")
     report_interval = Float(0.1, config=True, help="Seconds each rank buffers mpinb.report() values between sends.")
     refresh_interval = Float(0.25, config=True, help="Seconds between redraws of the live metric charts at most.")
     max_points = Integer(1000, config=True, help="Points drawn per curve at most (the history keeps every value).")
@@ -134,6 +140,8 @@ The world stops with the kernel.
                               help="after the cell, NAME in the notebook is a mapping rank -> that rank's value")
     @magic_arguments.argument("--no-inspect", dest="inspect", action="store_false", default=True,
                               help="gather without showing the tensor inspector")
+    @magic_arguments.argument("--timeout", type=float, default=None, metavar="S",
+                              help="stop the cell after S seconds, showing where every rank still running is")
     @cell_magic("mpi")
     def mpi_cell(self, line="", cell=""):
         """Run the cell on every rank of the MPI world.
@@ -178,7 +186,11 @@ The world stops with the kernel.
         for name in args.gather or ():
             if not name.isidentifier():
                 raise UsageError(f"--gather takes variable names, not {name!r}")
-        result = self.run(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect)
+        timeout = self.timeout if args.timeout is None else args.timeout
+        if timeout < 0:
+            raise UsageError(f"--timeout takes seconds (0 for no limit), not {timeout:g}")
+        result = self.run(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect,
+                          timeout=timeout)
         if result.values:
             return result.values
 
@@ -227,7 +239,7 @@ The world stops with the kernel.
             return self.world
         return self.start(n=n)
 
-    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True):
+    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0):
         """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed.
 
         Each name in *gather* becomes a ``PerRank`` in the user namespace (the ranks that had it), shown in the
@@ -246,10 +258,20 @@ The world stops with the kernel.
             if transport == "mpi" and ranks is not None and len(ranks) != self.world.size:
                 transport = "frames"  # a collective needs every rank; a subset sends rank by rank
             options.update(gather=list(gather), stats=inspect, transport=transport, root=self._root())
-        self.last = result = execute.run_cell(
-            self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
-            options=options, interrupt_grace=self.interrupt_grace,
-        )
+        try:
+            self.last = result = execute.run_cell(
+                self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
+                options=options, timeout=timeout or None, interrupt_grace=self.interrupt_grace,
+                abort_grace=self.abort_grace if self.abort_grace >= 0 else None,
+            )
+        except KeyboardInterrupt as exc:
+            stopped = getattr(exc, "mpinb_result", None)
+            if stopped is not None:
+                self.last = stopped
+                where = [f"rank {rank}: {error['evalue']}" for rank, error in stopped.errors.items()]
+                print("[mpinb] interrupted; " + "\n".join(where), file=sys.stderr)
+                self._recover(stopped)
+            raise
         if not stream:
             print(result.rank_ordered())
         self.shell.user_ns.update(result.gathered)
@@ -257,9 +279,23 @@ The world stops with the kernel.
             print(f"[mpinb] {note}", file=sys.stderr)
         if gather and inspect and result.gathered:
             self._show_inspector(result)
-        result.raise_for_errors()
+        result.raise_for_errors(notes=self._recover(result))
         result.raise_for_gather_errors()
         return result
+
+    def _recover(self, result):
+        """Restart the world when ranks stayed stuck after an interrupt; return what to tell the user."""
+        if not result.stuck:
+            return []
+        from .ranks import label_ranks
+
+        size = self.world.size
+        note = (f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C), so the world was "
+                f"restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
+                "and mpinb.metrics() are kept")
+        print(f"[mpinb] {note}", file=sys.stderr)
+        self.world.restart()
+        return [note]
 
     def _transport(self, ranks):
         if self.gather_transport != "auto":

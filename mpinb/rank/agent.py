@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 
 from .. import shm, wire
-from . import gather, report, runner
+from . import gather, report, runner, stacks
 
 _agent = None
 
@@ -53,7 +53,7 @@ class Agent:
         report.recorder.sink = self.outbox.metrics
         self.stream = ZMQStream(self.inbox, io_loop=IOLoop.current())
         self.stream.on_recv(self._on_message)
-        self.inbox.send_multipart(wire.pack(key, ("hello", rank)))
+        self.inbox.send_multipart(wire.pack(key, ("hello", rank, stacks.install())))
 
     def _on_message(self, frames):
         message = wire.unpack(self.key, frames)

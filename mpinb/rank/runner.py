@@ -5,6 +5,8 @@ import linecache
 import sys
 import traceback
 
+from . import stacks
+
 
 _RESULT = "_mpinb_cell_value"
 
@@ -38,6 +40,7 @@ def run_cell(code, *, number=0, namespace=None):
         else:
             source, filename = code, f"<mpi cell {number}>"
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        stacks.cell_started(filename)
         exec(_compile(source, filename), namespace)
         value = namespace.pop(_RESULT, None)
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported

@@ -1,0 +1,158 @@
+"""What went wrong on a rank: where it is stuck (its stack, the cell line, the call) and how it died.
+
+Stacks come from the ranks' faulthandler dumps (``rank/stacks.py``): the notebook signals a rank on its host and
+reads the file. Deaths are read from mpiexec's own report (Hydra prints the pid, exit code or signal of the
+first process that failed, and ``MPI_Abort`` calls), which ipyparallel keeps in the launcher's output file.
+"""
+
+import math
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+
+from .rank.stacks import SIGNAL
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
+_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+
+
+@dataclass
+class RankStack:
+    """One rank's main-thread stack, most recent call first, and where in the cell it is."""
+
+    rank: int
+    frames: list = field(default_factory=list)  # (file, line, function), most recent first
+    cell_file: str = ""
+    note: str = ""
+
+    @property
+    def cell_line(self):
+        return next((line for file, line, _ in self.frames if file == self.cell_file), None)
+
+    def where(self, cell_source=""):
+        """``blocked in comm.recv(source=1) at cell line 3`` (or what can be said)."""
+        if not self.frames:
+            return self.note or "stack not available"
+        line = self.cell_line
+        lines = cell_source.splitlines()
+        text = lines[line - 1].strip() if line and line <= len(lines) else ""
+        innermost_file, innermost_line, function = self.frames[0]
+        if innermost_file == self.cell_file:
+            return f"blocked in {text} at cell line {line}" if text else f"at cell line {line}"
+        inside = f"{function} ({os.path.basename(innermost_file)}:{innermost_line})"
+        if line:
+            return f"blocked in {inside}, called at cell line {line}: {text}"
+        return f"blocked in {inside}"
+
+    def text(self):
+        """The stack as ``File ..., line N in f`` lines, outermost first like a traceback."""
+        return "\n".join(f'  File "{file}", line {line}, in {function}' for file, line, function in
+                         reversed(self.frames))
+
+
+def capture_stacks(world, ranks, *, wait=1.5):
+    """``{rank: RankStack}`` for *ranks*, read from faulthandler dumps the ranks write when signalled."""
+    here = os.uname().nodename
+    starts, stacks = {}, {}
+    for rank in ranks:
+        who, path = world.identities.get(rank, {}), world.stack_files.get(rank)
+        if path is None or who.get("host") != here or not os.path.exists(path):
+            stacks[rank] = RankStack(rank, note=f"on {who.get('host', 'another host')}: stack not readable here")
+            continue
+        starts[rank] = os.path.getsize(path)
+        try:
+            os.kill(who["pid"], SIGNAL)
+        except ProcessLookupError:
+            stacks[rank] = RankStack(rank, note="process gone")
+            starts.pop(rank)
+    deadline, sizes = time.monotonic() + wait, {}
+    while starts and time.monotonic() < deadline:
+        time.sleep(0.03)
+        for rank in list(starts):
+            size = os.path.getsize(world.stack_files[rank])
+            if size > starts[rank] and sizes.get(rank) == size:  # written, and no longer growing
+                stacks[rank] = parse(_read(world.stack_files[rank]), starts[rank], rank)
+                starts.pop(rank)
+            sizes[rank] = size
+    for rank in starts:
+        stacks[rank] = RankStack(rank, note="did not answer the stack request")
+    return stacks
+
+
+def _read(path):
+    with open(path, errors="replace") as file:
+        return file.read()
+
+
+def parse(text, start, rank):
+    """The main thread's frames from the dump that begins at *start* in a stack file's *text*."""
+    head = text[:start].splitlines()
+    main = next((int(line.split()[1], 16) for line in reversed(head) if line.startswith("main ")), None)
+    cell = next((line[5:] for line in reversed(head) if line.startswith("cell ")), "")
+    blocks, current = {}, None
+    for line in text[start:].splitlines():
+        thread = _THREAD.match(line)
+        if thread:
+            current = blocks.setdefault(int(thread.group(1), 16), [])
+            continue
+        frame = _FRAME.match(line)
+        if frame and current is not None:
+            current.append((frame.group(1), int(frame.group(2)), frame.group(3)))
+    frames = blocks.get(main) or next(iter(blocks.values()), [])
+    return RankStack(rank, frames=frames, cell_file=cell)
+
+
+_ABORT = re.compile(r"application called MPI_Abort\(([^,]+), (-?\d+)\) - process (\d+)")
+
+
+@dataclass
+class Death:
+    """How one rank's process ended, as its launcher recorded it (``rank/launch.py``)."""
+
+    rank: int
+    returncode: int = None  # negative: killed by that signal
+    when: float = None
+    abort: str = ""
+
+    def describe(self):
+        if self.abort:
+            return self.abort
+        if self.returncode is None:
+            return "exit status unknown"
+        if self.returncode < 0:
+            number = -self.returncode
+            name = signal.Signals(number).name if number in set(signal.Signals) else "?"
+            return f"signal {number} ({name})"
+        return f"exit code {self.returncode}"
+
+
+def death_report(world, dead, *, wait=1.0):
+    """``{rank: Death}`` for *dead* ranks: exit code or signal and when, waiting up to *wait* s for the records;
+    ``MPI_Abort`` calls as mpiexec printed them."""
+    deadline = time.monotonic() + wait
+    while True:
+        deaths = {rank: _death(world, rank) for rank in dead}
+        output = world.launcher_output()
+        if (all(d.returncode is not None for d in deaths.values()) or _ABORT.search(output)
+                or time.monotonic() > deadline):
+            break
+        time.sleep(0.05)
+    for match in _ABORT.finditer(output):
+        rank = int(match.group(3))
+        if rank in deaths:
+            deaths[rank].abort = f"called MPI_Abort({match.group(1)}, {match.group(2)})"
+            deaths[rank].when = min(deaths[rank].when or math.inf, 0.0)  # it started the end
+    return deaths
+
+
+def _death(world, rank):
+    pid = world.identities.get(rank, {}).get("pid")
+    path = os.path.join(world.status_dir or "", f"exit-{pid}")
+    try:
+        with open(path) as status:
+            _, code, when = status.read().split()
+        return Death(rank, int(code), float(when))
+    except (OSError, ValueError):
+        return Death(rank)

@@ -1,0 +1,50 @@
+"""What mpiexec starts on each rank: the ipyparallel engine as a child, so that how it ends can be told.
+
+mpiexec reports only the first process it saw fail, often one it killed itself while cleaning up, so the rank
+that died first and its exit code or signal would otherwise be lost. This parent waits for the engine, writes
+``<pid> <returncode> <time>`` to ``$MPINB_STATUS_DIR/exit-<pid>`` (a negative returncode is a signal), and exits
+the same way. The engine inherits everything MPI needs (environment and open descriptors) and dies with its
+parent (``PR_SET_PDEATHSIG``), so killing this process never leaves the engine behind.
+
+    python -m mpinb.rank.launch [ipengine arguments...]
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _die_with_parent():
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the engine may outlive a killed parent
+        pass
+
+
+def main(argv):
+    child = subprocess.Popen([sys.executable, "-m", "ipyparallel.engine", *argv], close_fds=False,
+                             preexec_fn=_die_with_parent)
+    for forwarded in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+        signal.signal(forwarded, lambda number, frame: child.send_signal(number))
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:
+            continue
+    directory = os.environ.get("MPINB_STATUS_DIR")
+    if directory and os.path.isdir(directory):
+        with open(os.path.join(directory, f"exit-{child.pid}"), "w") as status:
+            status.write(f"{child.pid} {code} {time.time()}\n")
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
