@@ -20,6 +20,7 @@ from .gather import Receiver
 from .preflight import find_mpiexec, mpi_library
 from .rank import agent
 from .rank import world as rank_world
+from .rank.stacks import stderr_path
 
 log = logging.getLogger("mpinb")
 
@@ -134,8 +135,11 @@ class World:
         self.started_at = time.time()
         return self
 
-    def stop(self):
-        """Stop every process this world started; those that do not exit in time are killed by pid."""
+    def stop(self, *, kill=False):
+        """Stop every process this world started; those that do not exit in time are killed by pid.
+
+        *kill* kills the ranks at once (they are known to be stuck, so waiting for them is pointless).
+        """
         cluster, client, channel = self.cluster, self.client, self.channel
         self.cluster = self.client = self.channel = None
         if channel is not None:
@@ -145,6 +149,13 @@ class World:
             self.receiver = None
         processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
         self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
+        if kill:
+            for process in processes:
+                if process.pid != getattr(getattr(cluster, "controller", None), "pid", None):
+                    try:
+                        process.kill()
+                    except psutil.NoSuchProcess:
+                        pass
         if client is not None:
             client.close()
         if cluster is not None:
@@ -166,13 +177,20 @@ class World:
         if self.status_dir is not None:
             shutil.rmtree(self.status_dir, ignore_errors=True)
             self.status_dir = None
+        for path in self.stack_files.values():  # the ranks' stack and stderr files, once the ranks are gone
+            for kept in (path, stderr_path(path)):
+                try:
+                    os.unlink(kept)
+                except FileNotFoundError:
+                    pass
+        self.stack_files = {}
         self._processes = []
         self.engines = {}
         _live_worlds.discard(self)
 
-    def restart(self, size=None):
+    def restart(self, size=None, *, kill=False):
         """Stop this world and start a fresh one (same size unless *size* is given); returns ``self``."""
-        self.stop()
+        self.stop(kill=kill)
         if size is not None:
             self.size = int(size)
         return self.start()

@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from .rank.stacks import SIGNAL
+from .rank.stacks import SIGNAL, stderr_path
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -156,3 +156,16 @@ def _death(world, rank):
         return Death(rank, int(code), float(when))
     except (OSError, ValueError):
         return Death(rank)
+
+
+def last_stderr(world, rank, received=""):
+    """What *rank* last wrote to stderr: its on-disk copy when readable (complete even if the rank died right
+    after writing), else what reached the notebook."""
+    path = world.stack_files.get(rank)
+    if path:
+        try:
+            with open(stderr_path(path), errors="replace") as kept:
+                return kept.read()
+        except OSError:
+            pass
+    return received

@@ -3,7 +3,7 @@
 import time
 from dataclasses import dataclass, field
 
-from .diagnose import capture_stacks, death_report
+from .diagnose import capture_stacks, death_report, last_stderr
 from .errors import GatherError, RankError
 from .gather import missing_message
 from .output import RankPrinter, rank_ordered
@@ -174,7 +174,7 @@ def _check_deaths(world, ranks, replies, result):
         if result.first_death is None:
             result.first_death = rank
             message = f"rank {rank} died: {death.describe()}"
-            tail = "\n".join(result.stderr.get(rank, "").splitlines()[-5:])
+            tail = "\n".join(last_stderr(world, rank, result.stderr.get(rank, "")).splitlines()[-5:])
             if tail:
                 message += f"; its last stderr lines:\n{tail}"
         elif death.returncode == -9 or death.returncode is None:

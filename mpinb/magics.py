@@ -294,7 +294,7 @@ The world stops with the kernel.
                 f"restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
                 "and mpinb.metrics() are kept")
         print(f"[mpinb] {note}", file=sys.stderr)
-        self.world.restart()
+        self.world.restart(kill=True)
         return [note]
 
     def _transport(self, ranks):

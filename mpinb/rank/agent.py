@@ -138,6 +138,8 @@ class ChannelStream(io.TextIOBase):
     def write(self, text):
         if text:
             self.outbox.put(("out", self.cell_id, self.name, str(text)))
+            if self.name == "stderr":
+                stacks.note_stderr(str(text))
         return len(text)
 
     def fileno(self):

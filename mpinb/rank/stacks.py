@@ -17,6 +17,13 @@ import threading
 SIGNAL = signal.SIGUSR2
 
 _file = None
+_stderr = None
+STDERR_LIMIT = 64 << 10  # bytes of a rank's recent stderr kept on disk for a post-mortem
+
+
+def stderr_path(stack_path):
+    """Where the rank that dumps stacks to *stack_path* keeps its recent stderr."""
+    return stack_path.replace("mpinb-stacks-", "mpinb-stderr-")
 
 
 def install(directory=None):
@@ -28,6 +35,20 @@ def install(directory=None):
         faulthandler.register(SIGNAL, file=_file, all_threads=True, chain=False)
         _file.write(f"main 0x{threading.main_thread().ident:016x}\n")
     return _file.name
+
+
+def note_stderr(text):
+    """Keep *text* (what the running cell wrote to stderr) on disk at once: a rank that dies right after
+    (``os._exit``, a signal) still leaves its last words, which the batched channel may not have sent."""
+    global _stderr
+    if _file is None:
+        return
+    if _stderr is None or _stderr.tell() > STDERR_LIMIT:
+        if _stderr is not None:
+            _stderr.close()
+        _stderr = open(stderr_path(_file.name), "w")
+    _stderr.write(text)
+    _stderr.flush()
 
 
 def cell_started(filename):
