@@ -78,6 +78,7 @@ class World:
         self.receiver = None  # readers of the ranks' shared-memory arenas (--gather)
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
+        self._reaper = None
         self._processes = []
         self._shared_files = set()
 
@@ -125,6 +126,7 @@ class World:
             self.client = self.cluster.connect_client_sync()
             self._wait_for_engines()
             self._processes = self._launched_processes()
+            self._start_reaper()
             everyone = self.client.direct_view(targets=list(self.client.ids))
             self._learn_ranks(everyone)
             self._shared_files = self._mapped_shared_files()
@@ -174,6 +176,10 @@ class World:
                 pass
         psutil.wait_procs(alive, timeout=5)
         self._remove_shared_files()
+        if self._reaper is not None:
+            self._reaper.kill()
+            self._reaper.wait(timeout=5)
+            self._reaper = None
         if self.status_dir is not None:
             shutil.rmtree(self.status_dir, ignore_errors=True)
             self.status_dir = None
@@ -327,6 +333,20 @@ class World:
         view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
                         key=self.channel.key)
         self.stack_files = self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
+
+    def _start_reaper(self):
+        """A watcher that ends this world's processes if this process dies without stopping it (rank/reaper)."""
+        import subprocess
+
+        items = []
+        for process in self._processes:
+            try:
+                items.append(f"{process.pid}:{process.create_time()}")
+            except psutil.NoSuchProcess:
+                pass
+        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.reaper", str(os.getpid()), *items],
+                                        start_new_session=True, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def _mapped_shared_files(self, processes=None):
         """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""

@@ -153,3 +153,39 @@ def test_kernel_exit_leaves_no_process(tmp_path):
         except psutil.NoSuchProcess:
             pass
     assert_all_gone(survivors)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("end", ["shutdown", "restart", "kill"])
+def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
+    """A real kernel through jupyter_client: whatever ends it, every process its world started is gone."""
+    from jupyter_client.manager import KernelManager
+
+    outputs = []
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        reply = client.execute_interactive(
+            "%load_ext mpinb\n%mpi start -n 2\nimport json\n"
+            "print('PIDS', json.dumps([p.pid for p in get_ipython().magics_manager.registry['MPIMagics']"
+            ".world._processes]))", timeout=120, output_hook=lambda msg: outputs.append(msg))
+        assert reply["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+    text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    pids = json.loads(text.split("PIDS", 1)[1].splitlines()[0])
+    names = {psutil.Process(pid).name() for pid in pids}
+    assert {"mpiexec", "hydra_pmi_proxy"} <= names and len(pids) >= 6
+    processes = [psutil.Process(pid) for pid in pids]
+    if end == "shutdown":
+        manager.shutdown_kernel(now=False)
+    elif end == "restart":
+        manager.restart_kernel(now=False)
+        manager.shutdown_kernel(now=False)
+    else:
+        manager.shutdown_kernel(now=True)  # SIGKILL: no atexit runs in the kernel
+    assert_all_gone(processes, timeout=20)
+
