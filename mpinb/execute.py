@@ -53,7 +53,7 @@ class CellResult:
 
 
 def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, metrics=None, options=None,
-             timeout=None, abort_grace=2.0, interrupt_grace=5.0, liveness_every=0.5):
+             timeout=None, abort_grace=2.0, interrupt_grace=5.0, liveness_every=0.5, status=None):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
@@ -65,7 +65,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     waiting for it in a collective; ``None`` waits for them), or on ``KeyboardInterrupt`` (raised again
     afterwards). Ranks that do not answer the interrupt within *interrupt_grace* seconds are listed in
     ``result.stuck``. A rank whose process dies is reported, with what mpiexec said about it, within
-    *liveness_every* seconds.
+    *liveness_every* seconds. *status* (a :class:`~mpinb.live.CellStatus`) is ticked as the cell runs.
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()
@@ -107,6 +107,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
             now = time.monotonic()
             if metrics is not None:
                 metrics.tick(now)
+            if status is not None:
+                status.tick(time.perf_counter() - started, ranks, replies)
             if result.trouble is None and len(replies) < len(ranks):
                 if deadline is not None and now >= deadline:
                     stop("timeout")

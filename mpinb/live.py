@@ -76,3 +76,52 @@ class LiveMetrics:
         self.view.refresh(now=now, live=live)
         self.refreshes += 1
         self._next_refresh = now + self.refresh_interval
+
+
+class CellStatus:
+    """A long cell says where it is: after *after* seconds, one line per rank (finished, or running and its
+    last reported step), updated in place in a notebook (every *every* s) and printed every *after* s in a
+    terminal.
+    """
+
+    def __init__(self, history, *, widgets, after=30.0, every=1.0, stream=None):
+        self.history, self.widgets, self.after, self.every = history, widgets, after, every
+        self.stream = stream or sys.stderr
+        self.view = None
+        self.updates = 0
+        self._next = None
+
+    def tick(self, elapsed, ranks, finished):
+        if not self.after or elapsed < self.after or (self._next is not None and elapsed < self._next):
+            return
+        self._next = elapsed + (self.every if self.widgets else self.after)
+        lines = self.lines(elapsed, ranks, finished)
+        self.updates += 1
+        if self.widgets:
+            import html
+
+            import ipywidgets
+
+            text = "<br>".join(html.escape(line) for line in lines)
+            if self.view is None:
+                self.view = ipywidgets.HTML(f"<pre>{text}</pre>")
+                display(self.view)
+            else:
+                self.view.value = f"<pre>{text}</pre>"
+        else:
+            self.stream.write("".join(f"[mpinb] {line}\n" for line in lines))
+            self.stream.flush()
+
+    def lines(self, elapsed, ranks, finished):
+        """``["cell running for 42 s", "rank 0: finished", "rank 1: running, step 120", ...]``."""
+        steps = {}
+        for (run, rank), progress in self.history.progress.items():
+            steps[rank] = progress.step if progress.step is not None else steps.get(rank)
+        out = [f"cell running for {elapsed:.0f} s"]
+        for rank in ranks:
+            if rank in finished:
+                out.append(f"rank {rank}: finished")
+            else:
+                step = f", last reported step {steps[rank]}" if rank in steps else ""
+                out.append(f"rank {rank}: running{step}")
+        return out

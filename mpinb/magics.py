@@ -14,7 +14,7 @@ from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
 from . import execute
 from .cluster import World
-from .live import LiveMetrics
+from .live import CellStatus, LiveMetrics
 from .output import RankPrinter
 from .ranks import parse_ranks
 from .widgets.history import History
@@ -40,6 +40,9 @@ class MPIMagics(Magics):
                             help="Seconds ranks get to answer an interrupt; ranks stuck longer (in MPI or C) make "
                                  "mpinb restart the world.")
     timeout = Float(0.0, config=True, help="Default for %%mpi --timeout: seconds a cell may run (0: no limit).")
+    status_after = Float(30.0, config=True,
+                         help="Seconds after which a running cell shows, per rank, whether it finished and its "
+                              "last reported step (0: never).")
     abort_grace = Float(2.0, config=True,
                         help="When a rank fails, seconds the other ranks get to finish before they are stopped "
                              "(they are usually waiting for it in a collective). Negative: wait for them.")
@@ -262,6 +265,7 @@ The world stops with the kernel.
             self.last = result = execute.run_cell(
                 self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
                 options=options, timeout=timeout or None, interrupt_grace=self.interrupt_grace,
+                status=CellStatus(self.history, widgets=view == "widgets", after=self.status_after),
                 abort_grace=self.abort_grace if self.abort_grace >= 0 else None,
             )
         except KeyboardInterrupt as exc:
