@@ -151,6 +151,10 @@ class World:
             self.receiver = None
         processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
         self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
+        if cluster is not None:
+            # stopped engines make mpiexec exit non-zero, which ipyparallel logs as a warning with the engines'
+            # start-up logs: expected here, and noise in a notebook
+            cluster.log.setLevel(logging.ERROR)
         if kill:
             for process in processes:
                 if process.pid != getattr(getattr(cluster, "controller", None), "pid", None):
@@ -161,9 +165,6 @@ class World:
         if client is not None:
             client.close()
         if cluster is not None:
-            # stopped engines make mpiexec exit non-zero, which ipyparallel logs as a warning with the engines'
-            # start-up logs: expected here, and noise in a notebook
-            cluster.log.setLevel(logging.ERROR)
             try:
                 cluster.stop_cluster_sync()
             except Exception as exc:  # noqa: BLE001 - a half-dead world must still be cleaned up

@@ -47,9 +47,11 @@ class RankStack:
         return f"blocked in {inside}"
 
     def text(self):
-        """The stack as ``File ..., line N in f`` lines, outermost first like a traceback."""
-        return "\n".join(f'  File "{file}", line {line}, in {function}' for file, line, function in
-                         reversed(self.frames))
+        """The stack from the cell inwards as ``File ..., line N in f`` lines, outermost first like a traceback
+        (the engine's own frames above the cell say nothing about the cell)."""
+        frames = list(reversed(self.frames))
+        cell = next((i for i, (file, _, _) in enumerate(frames) if file == self.cell_file), 0)
+        return "\n".join(f'  File "{file}", line {line}, in {function}' for file, line, function in frames[cell:])
 
 
 def capture_stacks(world, ranks, *, wait=1.5):
@@ -135,7 +137,8 @@ def death_report(world, dead, *, wait=1.0):
     while True:
         deaths = {rank: _death(world, rank) for rank in dead}
         output = world.launcher_output()
-        if (all(d.returncode is not None for d in deaths.values()) or _ABORT.search(output)
+        culprit = any(d.returncode not in (None, -signal.SIGKILL) for d in deaths.values())
+        if (culprit or all(d.returncode is not None for d in deaths.values()) or _ABORT.search(output)
                 or time.monotonic() > deadline):
             break
         time.sleep(0.05)

@@ -170,7 +170,14 @@ def _check_deaths(world, ranks, replies, result):
     dead = world.dead_ranks([rank for rank in ranks if rank not in replies])
     if not dead:
         return
-    deaths = death_report(world, dead, wait=0.5)
+    deaths = death_report(world, dead, wait=2.0)
+    if result.first_death is None and all(d.returncode is None and not d.abort for d in deaths.values()):
+        for rank in dead:  # nobody could record anything: the job was ended as a whole
+            replies[rank] = {"error": _lost(
+                f"rank {rank} died with the whole job at once, leaving no exit status (MPI_Abort on some rank, "
+                "or mpiexec was killed)\n%mpi restart starts a fresh world of the same size")}
+        result.first_death = min(dead)
+        return
     for death in sorted(deaths.values(), key=lambda d: (d.when is None, d.when or 0.0)):
         rank = death.rank
         if result.first_death is None:
