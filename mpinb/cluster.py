@@ -93,7 +93,20 @@ class World:
         return sorted(self.engines)
 
     def start(self):
-        """Launch the controller and ``mpiexec -n size`` engines; return ``self`` once every rank answers."""
+        """Launch the controller and ``mpiexec -n size`` engines; return ``self`` once every rank answers.
+
+        ipyparallel picks free ports before the processes bind them, so on a busy machine another connection
+        can take one in between ("Address already in use"); such a start is retried once with new ports.
+        """
+        try:
+            return self._start()
+        except MPIError as exc:
+            if "Address already in use" not in str(exc):
+                raise
+            log.warning("a port was taken while the world started; starting again with new ports")
+            return self._start()
+
+    def _start(self):
         import ipyparallel as ipp
         from traitlets.config import Config
 

@@ -4,7 +4,7 @@ import time
 from dataclasses import dataclass, field
 
 from .diagnose import capture_stacks, death_report, last_stderr
-from .errors import GatherError, RankError
+from .errors import GatherError, MPIError, RankError
 from .gather import missing_message
 from .output import RankPrinter, rank_ordered
 from .ranks import label_ranks
@@ -71,10 +71,14 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     printer = printer or RankPrinter()
     result = CellResult(ranks=ranks, stdout={r: "" for r in ranks}, stderr={r: "" for r in ranks})
     started = time.perf_counter()
+    dead = world.dead_ranks(ranks)
+    if dead:
+        raise MPIError(f"{label_ranks(dead)} of this world died earlier, so it cannot run cells: %mpi restart "
+                       "starts a fresh world of the same size")
     channel = world.channel
     cell_id = channel.send_cell(ranks, code, number, options)
     replies = {}
-    interrupted = give_up_at = first_failure = None
+    interrupted = give_up_at = first_failure = death_seen = None
     deadline = time.monotonic() + timeout if timeout else None
     check_liveness_at = time.monotonic() + liveness_every
     wait = liveness_every if metrics is None else min(liveness_every, metrics.refresh_interval)
@@ -118,6 +122,14 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                 continue
             check_liveness_at = now + liveness_every
             _check_deaths(world, ranks, replies, result)
+            if result.first_death is not None and len(replies) < len(ranks):
+                # a world with a dead rank cannot finish a collective; mpiexec normally ends the rest at once
+                death_seen = death_seen or now
+                if now - death_seen > 2 * liveness_every:
+                    for rank in ranks:
+                        replies.setdefault(rank, {"error": _lost(
+                            f"still running when rank {result.first_death} died; the world cannot be used any more"
+                            "\n%mpi restart starts a fresh world of the same size")})
             if give_up_at is not None and now > give_up_at:
                 break
         except KeyboardInterrupt as exc:
