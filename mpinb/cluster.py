@@ -20,7 +20,7 @@ from .gather import Receiver
 from .preflight import find_mpiexec, mpi_library
 from .rank import agent
 from .rank import world as rank_world
-from .rank.stacks import stderr_path
+from .rank.stacks import stack_path, stderr_path
 
 log = logging.getLogger("mpinb")
 
@@ -197,7 +197,9 @@ class World:
         if self.status_dir is not None:
             shutil.rmtree(self.status_dir, ignore_errors=True)
             self.status_dir = None
-        for path in self.stack_files.values():  # the ranks' stack and stderr files, once the ranks are gone
+        # the ranks' stack and stderr files, once the ranks are gone (also of ranks that never said hello)
+        paths = set(self.stack_files.values()) | {stack_path(process.pid) for process in processes}
+        for path in paths:
             for kept in (path, stderr_path(path)):
                 try:
                     os.unlink(kept)
@@ -358,7 +360,7 @@ class World:
                 items.append(f"{process.pid}:{process.create_time()}")
             except psutil.NoSuchProcess:
                 pass
-        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.reaper", str(os.getpid()), *items],
+        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.reaper", str(os.getpid()), self.status_dir, *items],
                                         start_new_session=True, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

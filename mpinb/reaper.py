@@ -4,19 +4,23 @@ Started by :class:`~mpinb.cluster.World` in a session of its own, so a kill of t
 not take it along. It ends only the processes it was given, each checked by pid *and* start time, and exits as
 soon as they are all gone or the world is stopped normally.
 
-    python -m mpinb.reaper KERNEL_PID PID:START_TIME [PID:START_TIME ...]
+    python -m mpinb.reaper KERNEL_PID STATUS_DIR PID:START_TIME [PID:START_TIME ...]
 """
 
+import os
+import shutil
 import sys
 import time
 
 import psutil
 
+from .rank.stacks import stack_path, stderr_path
+
 
 def main(argv):
-    watched = int(argv[0])
+    watched, status_dir = int(argv[0]), argv[1]
     processes = []
-    for item in argv[1:]:
+    for item in argv[2:]:
         pid, started = item.split(":")
         try:
             process = psutil.Process(int(pid))
@@ -38,6 +42,13 @@ def main(argv):
             process.kill()
         except psutil.NoSuchProcess:
             pass
+    shutil.rmtree(status_dir, ignore_errors=True)  # where the ranks' launchers wrote how they ended
+    for process in processes:  # the ranks' stack and stderr files (rank/stacks.py)
+        for path in (stack_path(process.pid), stderr_path(stack_path(process.pid))):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
 
 if __name__ == "__main__":

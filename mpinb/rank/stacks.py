@@ -21,16 +21,21 @@ _stderr = None
 STDERR_LIMIT = 64 << 10  # bytes of a rank's recent stderr kept on disk for a post-mortem
 
 
-def stderr_path(stack_path):
-    """Where the rank that dumps stacks to *stack_path* keeps its recent stderr."""
-    return stack_path.replace("mpinb-stacks-", "mpinb-stderr-")
+def stack_path(pid, directory=None):
+    """The file the rank with process id *pid* dumps its stacks to."""
+    return os.path.join(directory or tempfile.gettempdir(), f"mpinb-stacks-{pid}")
+
+
+def stderr_path(path):
+    """Where the rank that dumps stacks to *path* keeps its recent stderr."""
+    return path.replace("mpinb-stacks-", "mpinb-stderr-")
 
 
 def install(directory=None):
     """Dump stacks to a per-rank file on :data:`SIGNAL`; return the file's path. Idempotent."""
     global _file
     if _file is None:
-        path = os.path.join(directory or tempfile.gettempdir(), f"mpinb-stacks-{os.getpid()}")
+        path = stack_path(os.getpid(), directory)
         _file = open(path, "a", buffering=1)
         faulthandler.register(SIGNAL, file=_file, all_threads=True, chain=False)
         _file.write(f"main 0x{threading.main_thread().ident:016x}\n")
