@@ -3,7 +3,6 @@
 import atexit
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -20,7 +19,7 @@ from .gather import Receiver
 from .preflight import find_mpiexec, mpi_library
 from .rank import agent
 from .rank import world as rank_world
-from .rank.stacks import stack_path, stderr_path
+from .reaper import end_processes, remove_world_files, signal_all
 
 log = logging.getLogger("mpinb")
 
@@ -169,12 +168,8 @@ class World:
             # start-up logs: expected here, and noise in a notebook
             cluster.log.setLevel(logging.ERROR)
         if kill:
-            for process in processes:
-                if process.pid != getattr(getattr(cluster, "controller", None), "pid", None):
-                    try:
-                        process.kill()
-                    except psutil.NoSuchProcess:
-                        pass
+            controller = getattr(getattr(cluster, "controller", None), "pid", None)
+            signal_all([process for process in processes if process.pid != controller], "kill")
         if client is not None:
             client.close()
         if cluster is not None:
@@ -182,29 +177,15 @@ class World:
                 cluster.stop_cluster_sync()
             except Exception as exc:  # noqa: BLE001 - a half-dead world must still be cleaned up
                 log.warning("stopping the cluster reported: %s", exc)
-        _, alive = psutil.wait_procs(processes, timeout=5)
-        for process in alive:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        end_processes(processes, grace=5)
         self._remove_shared_files()
         if self._reaper is not None:
             self._reaper.kill()
             self._reaper.wait(timeout=5)
             self._reaper = None
-        if self.status_dir is not None:
-            shutil.rmtree(self.status_dir, ignore_errors=True)
-            self.status_dir = None
-        # the ranks' stack and stderr files, once the ranks are gone (also of ranks that never said hello)
-        paths = set(self.stack_files.values()) | {stack_path(process.pid) for process in processes}
-        for path in paths:
-            for kept in (path, stderr_path(path)):
-                try:
-                    os.unlink(kept)
-                except FileNotFoundError:
-                    pass
+        # also the files of ranks that never said hello (their pids are known all the same)
+        remove_world_files(self.status_dir, [process.pid for process in processes], self.stack_files.values())
+        self.status_dir = None
         self.stack_files = {}
         self._processes = []
         self.engines = {}

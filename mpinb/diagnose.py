@@ -56,11 +56,10 @@ class RankStack:
 
 def capture_stacks(world, ranks, *, wait=1.5):
     """``{rank: RankStack}`` for *ranks*, read from faulthandler dumps the ranks write when signalled."""
-    here = os.uname().nodename
     starts, stacks = {}, {}
     for rank in ranks:
         who, path = world.identities.get(rank, {}), world.stack_files.get(rank)
-        if path is None or who.get("host") != here or not os.path.exists(path):
+        if path is None or not world.on_this_host([rank]) or not os.path.exists(path):
             stacks[rank] = RankStack(rank, note=f"on {who.get('host', 'another host')}: stack not readable here")
             continue
         starts[rank] = os.path.getsize(path)

@@ -1,5 +1,6 @@
 """Run a cell on the ranks: stream their output by rank, wait, and turn replies into values or one error."""
 
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -198,7 +199,7 @@ def _check_deaths(world, ranks, replies, result):
             tail = "\n".join(last_stderr(world, rank, result.stderr.get(rank, "")).splitlines()[-5:])
             if tail:
                 message += f"; its last stderr lines:\n{tail}"
-        elif death.returncode == -9 or death.returncode is None:
+        elif death.returncode in (-signal.SIGKILL, None):
             message = f"rank {rank} was ended by mpiexec after rank {result.first_death} died"
         else:
             message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"

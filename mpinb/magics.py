@@ -84,10 +84,10 @@ class MPIMagics(Magics):
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``restart`` gives fresh processes
         (every rank's variables are lost), of a new size with ``-n``. ``status`` lists rank, host, pid and
         state. ``output`` shows the last cell's output rank by rank. ``metrics`` shows the charts and per-rank
-table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
-``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and the
-largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
-The world stops with the kernel.
+        table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
+        ``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and
+        the largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
+        The world stops with the kernel.
 
         Examples
         --------

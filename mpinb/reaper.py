@@ -30,26 +30,38 @@ def main(argv):
             processes.append(process)
     while psutil.pid_exists(watched) and any(p.is_running() for p in processes):
         time.sleep(0.5)
-    alive = [p for p in processes if p.is_running()]
-    for process in alive:
+    signal_all(processes, "terminate")
+    end_processes(processes, grace=3)
+    remove_world_files(status_dir, [process.pid for process in processes])
+
+
+def signal_all(processes, how):
+    """``process.terminate()`` or ``.kill()`` on each of *processes* still there."""
+    for process in processes:
         try:
-            process.terminate()
+            getattr(process, how)()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(alive, timeout=3)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    shutil.rmtree(status_dir, ignore_errors=True)  # where the ranks' launchers wrote how they ended
-    for process in processes:  # the ranks' stack and stderr files (rank/stacks.py)
-        for path in (stack_path(process.pid), stderr_path(stack_path(process.pid))):
+
+
+def end_processes(processes, *, grace):
+    """Wait up to *grace* s for *processes* to exit, then kill the rest by pid and wait for them."""
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    signal_all(alive, "kill")
+    psutil.wait_procs(alive, timeout=5)
+
+
+def remove_world_files(status_dir, pids, stack_files=()):
+    """What a world's ranks leave on disk: the launchers' status directory and each rank's stack and stderr
+    files (``rank/stacks.py``), for *pids* and any other *stack_files* known."""
+    if status_dir:
+        shutil.rmtree(status_dir, ignore_errors=True)
+    for path in {*stack_files, *(stack_path(pid) for pid in pids)}:
+        for kept in (path, stderr_path(path)):
             try:
-                os.unlink(path)
+                os.unlink(kept)
             except FileNotFoundError:
                 pass
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])
