@@ -146,6 +146,9 @@ class World:
         except BaseException:
             self.stop()
             raise
+        # from now on mpinb reports what happens to the ranks itself; ipyparallel would add a warning with every
+        # engine's start-up log whenever mpiexec ends non-zero (a rank died, or the world was stopped)
+        self.cluster.log.setLevel(logging.ERROR)
         self.started_at = time.time()
         return self
 
@@ -164,9 +167,7 @@ class World:
         processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
         self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
         if cluster is not None:
-            # stopped engines make mpiexec exit non-zero, which ipyparallel logs as a warning with the engines'
-            # start-up logs: expected here, and noise in a notebook
-            cluster.log.setLevel(logging.ERROR)
+            cluster.log.setLevel(logging.ERROR)  # also for a world that failed to start: mpinb said why
         if kill:
             controller = getattr(getattr(cluster, "controller", None), "pid", None)
             signal_all([process for process in processes if process.pid != controller], "kill")

@@ -31,7 +31,7 @@ class RankStack:
     def cell_line(self):
         return next((line for file, line, _ in self.frames if file == self.cell_file), None)
 
-    def where(self, cell_source=""):
+    def where(self, cell_source="", *, verb="blocked in"):
         """``blocked in comm.recv(source=1) at cell line 3`` (or what can be said)."""
         if not self.frames:
             return self.note or "stack not available"
@@ -40,11 +40,11 @@ class RankStack:
         text = lines[line - 1].strip() if line and line <= len(lines) else ""
         innermost_file, innermost_line, function = self.frames[0]
         if innermost_file == self.cell_file:
-            return f"blocked in {text} at cell line {line}" if text else f"at cell line {line}"
+            return f"{verb} {text} at cell line {line}" if text else f"at cell line {line}"
         inside = f"{function} ({os.path.basename(innermost_file)}:{innermost_line})"
         if line:
-            return f"blocked in {inside}, called at cell line {line}: {text}"
-        return f"blocked in {inside}"
+            return f"{verb} {inside}, called at cell line {line}: {text}"
+        return f"{verb} {inside}"
 
     def text(self):
         """The stack from the cell inwards as ``File ..., line N in f`` lines, outermost first like a traceback
@@ -80,6 +80,17 @@ def capture_stacks(world, ranks, *, wait=1.5):
     for rank in starts:
         stacks[rank] = RankStack(rank, note="did not answer the stack request")
     return stacks
+
+
+def fatal_stack(world, rank):
+    """Where *rank* was when a fatal signal ended it (faulthandler's dump before dying), or ``None``."""
+    path = world.stack_files.get(rank)
+    try:
+        text = _read(path) if path else ""
+    except OSError:
+        return None
+    start = text.rfind("Fatal Python error")
+    return parse(text, start, rank) if start >= 0 else None
 
 
 def _read(path):

@@ -4,7 +4,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from .diagnose import capture_stacks, death_report, last_stderr
+from .diagnose import capture_stacks, death_report, fatal_stack, last_stderr
 from .errors import GatherError, MPIError, RankError
 from .gather import missing_message
 from .output import RankPrinter, rank_ordered
@@ -122,7 +122,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
             if now < check_liveness_at:
                 continue
             check_liveness_at = now + liveness_every
-            _check_deaths(world, ranks, replies, result)
+            _check_deaths(world, ranks, replies, result, code)
             if result.first_death is not None and len(replies) < len(ranks):
                 # a world with a dead rank cannot finish a collective; mpiexec normally ends the rest at once
                 death_seen = death_seen or now
@@ -179,7 +179,7 @@ def _stopped(result, rank, code, timeout, grace, *, answered):
     return {"ename": ename, "evalue": f"{why}, {where}{tail}", "traceback": frames}
 
 
-def _check_deaths(world, ranks, replies, result):
+def _check_deaths(world, ranks, replies, result, code):
     dead = world.dead_ranks([rank for rank in ranks if rank not in replies])
     if not dead:
         return
@@ -192,10 +192,14 @@ def _check_deaths(world, ranks, replies, result):
         result.first_death = min(dead)
         return
     for death in sorted(deaths.values(), key=lambda d: (d.when is None, d.when or 0.0)):
-        rank = death.rank
+        rank, frames = death.rank, []
         if result.first_death is None:
             result.first_death = rank
             message = f"rank {rank} died: {death.describe()}"
+            crash = fatal_stack(world, rank) if death.returncode is not None and death.returncode < 0 else None
+            if crash is not None and crash.frames:
+                message += " " + crash.where(code, verb="in")
+                frames = ["Where it crashed (most recent call last):\n" + crash.text() + "\n"]
             tail = "\n".join(last_stderr(world, rank, result.stderr.get(rank, "")).splitlines()[-5:])
             if tail:
                 message += f"; its last stderr lines:\n{tail}"
@@ -203,7 +207,7 @@ def _check_deaths(world, ranks, replies, result):
             message = f"rank {rank} was ended by mpiexec after rank {result.first_death} died"
         else:
             message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"
-        replies[rank] = {"error": _lost(message + "\n%mpi restart starts a fresh world of the same size")}
+        replies[rank] = {"error": _lost(message + "\n%mpi restart starts a fresh world of the same size", frames)}
 
 
 def _unpack_gathered(world, result, rank, reply):
@@ -221,5 +225,5 @@ def _unpack_gathered(world, result, rank, reply):
         result.gathered[name] = PerRank(sorted(result.gathered[name].items()))
 
 
-def _lost(message):
-    return {"ename": "RankLost", "evalue": message, "traceback": []}
+def _lost(message, frames=()):
+    return {"ename": "RankLost", "evalue": message, "traceback": list(frames)}

@@ -1,6 +1,7 @@
 """Faults on real worlds: every case ends the cell promptly with a diagnosis, and the next cell works."""
 
 import _thread
+import re
 import threading
 import time
 
@@ -90,6 +91,10 @@ def test_a_crashed_rank_is_named_with_how_it_died(crash, how, ip, world_of, mpi)
                                   "still running when rank 2 died"))
     if "os._exit" in crash:
         assert "its last stderr lines:\nlast words" in text
+    if "ctypes" in crash:  # faulthandler's dump before the signal ended the rank says where it crashed
+        assert re.search(r"signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), called at cell line 5: "
+                         r"ctypes\.string_at\(0\)", text)
+        assert 'line 5, in <module>' in error.failures[2]["traceback"][0]
     assert seconds < 5
     with pytest.raises(MPIError, match="died earlier, so it cannot run cells: %mpi restart"):
         mpi("size")

@@ -5,7 +5,8 @@ works whatever the main thread is doing: measured on this machine, a helper thre
 ``sys._current_frames()`` also runs while the rank waits in ``comm.recv`` (mpi4py releases the GIL), but not
 while a C call holds the GIL (it ran 2 times in 1.5 s there, faulthandler answered at once). Dumps are appended
 to one file per rank; the lines ``main 0x…`` and ``cell FILE`` say which thread runs cells and which file the
-running cell was compiled as, so the notebook can name the cell line.
+running cell was compiled as, so the notebook can name the cell line. A fatal signal (a segfault in C code, an
+abort) dumps the stacks to the same file before the rank dies, so the notebook can say where it crashed.
 """
 
 import faulthandler
@@ -38,6 +39,7 @@ def install(directory=None):
         path = stack_path(os.getpid(), directory)
         _file = open(path, "a", buffering=1)
         faulthandler.register(SIGNAL, file=_file, all_threads=True, chain=False)
+        faulthandler.enable(file=_file, all_threads=True)
         _file.write(f"main 0x{threading.main_thread().ident:016x}\n")
     return _file.name
 
@@ -66,6 +68,7 @@ def remove():
     global _file
     if _file is not None:
         faulthandler.unregister(SIGNAL)
+        faulthandler.disable()
         path = _file.name
         _file.close()
         _file = None

@@ -68,7 +68,8 @@ def _flags(report):
         if report.kind == "buffer":
             flags.append(f"buffer differs on {where}: unsynchronised BatchNorm statistics?")
         else:
-            flags.append(f"weights differ on {where}: different initial seeds, or no broadcast from rank 0?")
+            flags.append(f"weights differ on {where}: different initial seeds, no broadcast from rank 0, "
+                         "or steps taken with gradients not averaged?")
     if report.grad_ranks:
         flags.append(f"gradients differ on {label_ranks(report.grad_ranks)}: "
                      + ("a rank skipped the allreduce?" if not report.param_ranks else "follows from the weights"))
