@@ -24,7 +24,8 @@ Rows:
   allreduce    an ~11.7 M-parameter gradient set with ResNet-18's 62 parameter shapes, N=2, median of
                --allreduces: `mpinb.torch.allreduce_gradients` (25 MB buckets) vs one flat `MPI.Allreduce` of
                the same bytes (the bound) vs one `Allreduce` per parameter vs torch.distributed gloo
-               `all_reduce` of the same buckets vs DDP (backward with its gloo reduction, minus plain backward).
+               `all_reduce` of the same buckets vs DDP (backward with its gloo reduction, minus plain backward);
+               and `compression="fp16"` against the float32 call.
   scaling      a small CNN training step (two conv layers and two linear ones, 0.55 M parameters, batch 32 of
                3×32×32 per rank, one torch thread per rank): 1 rank vs 2 ranks with allreduce_gradients (weak
                scaling efficiency = t1 / t2); the same 2 ranks without any communication (what two busy ranks
@@ -251,6 +252,7 @@ plain = Everything()
 ddp = torch.nn.parallel.DistributedDataParallel(Everything())
 cases = {
     "bucketed": lambda: mt.allreduce_gradients(named),
+    "fp16": lambda: mt.allreduce_gradients(named, compression="fp16"),
     "flat": lambda: comm.Allreduce(MPI.IN_PLACE, flat),
     "per_parameter": lambda: [comm.Allreduce(MPI.IN_PLACE, p.grad.numpy()) for p in params],
     "gloo": lambda: [dist.all_reduce(b) for b in buckets],
@@ -363,6 +365,8 @@ def main():
                          ("gloo", "torch.distributed gloo all_reduce, same buckets")):
         rows.append((f"allreduce_gradients, ResNet-18 gradients ({mb:.0f} MB), N=2", anchor, reduced["bucketed"],
                      reduced[name]))
+    rows.append((f"allreduce_gradients(compression='fp16'), ResNet-18 gradients ({mb:.0f} MB), N=2",
+                 "allreduce_gradients, float32", reduced["fp16"], reduced["bucketed"]))
     ddp_reduction = reduced["ddp"] - reduced["plain_backward"]
     rows.append((f"allreduce_gradients, ResNet-18 gradients ({mb:.0f} MB), N=2",
                  "DDP (gloo): backward with its reduction − plain backward", reduced["bucketed"], ddp_reduction))

@@ -127,6 +127,37 @@ def test_distributed_optimizer_overlapped_and_compressed(overlap, compression, t
     assert max_diff(result[0], result[1]) == 0  # every rank holds the same model
 
 
+@pytest.mark.parametrize("dtype, tolerance", [("float16", 2e-3), ("bfloat16", 1.6e-2)])
+def test_16_bit_gradients_sum_blocking_and_overlapped(dtype, tolerance, world_of, mpi):
+    """16-bit sums go through mpinb's own MPI op (MPICH's is 20× slower): fused buckets, gradients reduced in place
+    in more than one 2 MB piece, blocking and from backward hooks, all equal the float64 sum to 16-bit rounding."""
+    world_of(3)
+    errors = mpi(f"""
+import torch, mpinb.torch as mt
+torch.manual_seed(rank)
+model = torch.nn.Sequential(torch.nn.Linear(2048, 1024), torch.nn.Linear(1024, 3)).to(torch.{dtype})
+torch.manual_seed(0); mt.broadcast_parameters(model)
+x = torch.randn(4, 2048).to(torch.{dtype})
+def backward():
+    model.zero_grad()
+    model(x).float().square().sum().backward()
+backward()
+local = [p.grad.double() for p in model.parameters()]
+expected = [sum(grads) for grads in zip(*comm.allgather(local))]
+def error():
+    return max(float((p.grad.double() - e).abs().max() / e.abs().max()) for p, e in zip(model.parameters(), expected))
+mt.allreduce_gradients(model, average=False)
+blocking = error()
+reducer = mt.GradientAllreducer(model, average=False)
+backward()
+reducer.synchronize()
+reducer.remove()
+(blocking, error())
+""")
+    for rank, (blocking, overlapped) in errors.items():
+        assert blocking < tolerance and overlapped < tolerance, (rank, blocking, overlapped)
+
+
 def test_different_shapes_are_an_error_on_every_rank(world_of, mpi):
     world_of(2)
     with pytest.raises(RankError) as raised:

@@ -54,7 +54,7 @@ def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, 
                 if average and compression:
                     flat.div_(comm.size)
             for piece, memory in _chunks(flat):
-                comm.Allreduce(_IN_PLACE(), memory, op=_SUM())
+                comm.Allreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype))
                 if average and not compression:
                     piece.div_(comm.size)  # while the piece is still in cache
             if flat.data_ptr() != grads[0].data_ptr():
@@ -109,7 +109,7 @@ class GradientAllreducer:
                 if self.average and self.compression:
                     flat.div_(self.comm.size)
         self.flats[index] = flat
-        self.requests.extend(self.comm.Iallreduce(_IN_PLACE(), memory, op=_SUM()) for _, memory in _chunks(flat))
+        self.requests.extend(self.comm.Iallreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype)) for _, memory in _chunks(flat))
         self.started += 1
 
     def synchronize(self):
@@ -187,10 +187,23 @@ def _IN_PLACE():
     return MPI.IN_PLACE
 
 
-def _SUM():
+_half_sums = {}
+
+
+def _SUM(dtype=None):
+    """``MPI.SUM``, except for 16-bit floats: MPICH sums ``FLOAT16_T`` element by element in generic code, 55 ms
+    for 10 MB between 2 ranks here against 3 ms for the same sum as a user op that adds with torch's vectorised
+    kernels (and 5.5 ms for the float32 values), which would make compression cost time instead of saving it."""
     from mpi4py import MPI
 
-    return MPI.SUM
+    if dtype not in (torch.float16, torch.bfloat16):
+        return MPI.SUM
+    if dtype not in _half_sums:
+        def add(incoming, inout, datatype, dtype=dtype):
+            torch.frombuffer(inout, dtype=dtype).add_(torch.frombuffer(incoming, dtype=dtype))
+
+        _half_sums[dtype] = MPI.Op.Create(add, commute=True)
+    return _half_sums[dtype]
 
 
 def _MIN():
@@ -340,6 +353,8 @@ def _mpi_buffer(flat):
     from mpi4py import MPI
 
     datatype = getattr(MPI, _MPI_TYPES[flat.dtype])
+    if datatype == MPI.DATATYPE_NULL and flat.dtype in (torch.float16, torch.bfloat16):
+        datatype = MPI.UINT16_T  # a 2-byte carrier: MPI only moves the bytes, and mpinb's own op sums them
     if datatype == MPI.DATATYPE_NULL:
         raise ValueError(f"this MPI has no datatype for {flat.dtype}; use compression=None")
     return [flat.view(torch.uint8).numpy(), flat.numel(), datatype]
