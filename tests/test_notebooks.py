@@ -1,11 +1,14 @@
-"""The tutorials, executed top to bottom in a real Jupyter kernel."""
+"""The tutorials, executed top to bottom in a real Jupyter kernel; each test checks the notebook's own results
+(they also assert what they teach inside the notebook) and that its world left no process behind."""
 
 import base64
 import re
+import time
 from pathlib import Path
 
 import nbformat
 import numpy as np
+import psutil
 import pytest
 from nbclient import NotebookClient
 
@@ -15,9 +18,40 @@ pytestmark = [pytest.mark.notebook, pytest.mark.mpi, pytest.mark.slow, pytest.ma
 
 
 def execute(name):
+    started = time.time()
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    print(f"{name} ran in {time.time() - started:.1f} s")
+    assert not leftover_ranks(since=started)
     return notebook
+
+
+def leftover_ranks(since):
+    """Rank processes (mpinb's engine wrapper) started since *since* that are still alive a few seconds on."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = []
+        for process in psutil.process_iter(["cmdline", "create_time"]):
+            try:
+                if process.info["create_time"] >= since and "mpinb.rank.launch" in (process.info["cmdline"] or []):
+                    found.append(process.pid)
+            except psutil.Error:
+                pass
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def outputs(notebook):
+    """The text of every code cell, in order (markdown cells left out)."""
+    return [text_of(cell) for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def widget_text(notebook):
+    """Every string value in the saved widget state (what the widgets show), tags stripped."""
+    state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    values = [model["state"].get("value") for model in state.values()]
+    return "\n".join(re.sub(r"<[^>]+>", " ", value) for value in values if isinstance(value, str))
 
 
 def assert_curves_for_every_rank(notebook, *, ranks, points):
@@ -62,3 +96,76 @@ def test_quickstart():
     status_outputs = cells[-2].outputs
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in status_outputs)
     assert "stopped" in stop
+
+
+def test_01_mpi_basics():
+    cells = outputs(execute("01_mpi_basics.ipynb"))
+    text = "\n".join(cells)
+    assert all(f"[rank {r}] rank {r} of 4" in cells[1] for r in range(4))
+    assert "[rank 1] received {'step': 1, 'params': ['w', 'b']}" in cells[2]
+    assert "[rank 1] received tensor([0., 1., 2., 3.])" in cells[3]
+    assert "[rank 0] {'lr': 0.1, 'seed': 42} 10 ['r0', 'r1', 'r2', 'r3'] [0, 1, 4, 9]" in cells[4]
+    assert "[rank 3] [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [3.0, 3.0, 3.0]] [6.0, 6.0, 6.0]" in cells[5]
+    rows = re.findall(r"^(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", cells[9], re.M)
+    assert [int(row[0]) for row in rows] == [8, 1024, 65536, 1 << 20, 16 << 20]  # every size, both calls timed
+    assert "stopped" in text
+
+
+def test_02_ring_allreduce():
+    cells = outputs(execute("02_collectives_and_ring_allreduce.ipynb"))
+    assert all(f"[rank {r}] ring_allreduce matches MPI.Allreduce" in cells[3] for r in range(4))
+    rows = re.findall(r"^(\d+\.\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)", cells[5], re.M)
+    assert [float(row[0]) for row in rows] == [0.0625, 1.0, 8.0, 32.0]
+    assert all(float(value) > 0 for row in rows for value in row[1:])
+    assert "stopped" in cells[-1]
+
+
+def test_03_data_parallel_training():
+    notebook = execute("03_data_parallel_training.ipynb")
+    cells = outputs(notebook)
+    differences = re.findall(r"^(.+), rank (\d): largest \|weight - single process\| = (\S+)$", cells[5], re.M)
+    assert len(differences) == 4 and all(float(d) < 1e-5 for *_, d in differences)
+    accuracies = re.findall(r"test accuracy (0\.\d+)", "\n".join(cells[2:5]))
+    assert len(accuracies) == 5 and len(set(accuracies)) == 1  # 2 methods × 2 ranks, and one process: one model
+    assert_curves_for_every_rank(notebook, ranks=2, points=256)
+    assert re.findall(r"^(?:DDP|allreduce_gradients)?\s+(\d)\s+[\d.]+\s+[\d.]+\s+256$", cells[6], re.M) == \
+        ["0", "1", "0", "1"]
+
+
+def test_04_debugging():
+    notebook = execute("04_debugging.ipynb")
+    cells, widgets = outputs(notebook), widget_text(notebook)
+    assert "gradients differ on rank 1: a rank skipped the allreduce?" in widgets
+    assert "weights differ on rank 1: different initial seeds, no broadcast from rank 0, or steps taken" in widgets
+    assert "all 2 ranks agree on every layer" in widgets
+    assert "every rank saw the same batches: True" in cells[9] and "every rank saw the same batches: False" in cells[11]
+    deadlock = cells[12]
+    assert "rank 0: Timeout: still running after 3 s, blocked in theirs = comm.recv(source=other) at cell line 2" \
+        in deadlock and "the world was restarted with 2 fresh ranks" in deadlock
+    assert "[rank 0] hello from 1" in cells[13] and "[rank 1] hello from 0" in cells[13]
+    assert re.search(r"rank 1: RankLost: rank 1 died: signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), "
+                     r"called at cell line 3: ctypes\.string_at\(0\)", cells[14])
+    assert "rank 0 was ended by mpiexec after rank 1 died" in cells[14]
+    assert cells[16] == "[rank 0] 2\n[rank 1] 2" and "stopped" in cells[17]
+
+
+def test_05_communication_cost():
+    cells = outputs(execute("05_communication_cost.ipynb"))
+    assert len(re.findall(r"^(\d)\s+[\d.]+\s+[\d.]+\s+(0\.\d+)$", cells[3], re.M)) == 2  # compute, allreduce
+    error = re.findall(r"^\d\s+[\d.]+\s+[\d.]+\s+([\d.e-]+)$", cells[5], re.M)
+    assert len(error) == 2 and all(float(e) < 2e-3 for e in error)  # fp16 keeps about 3 digits
+    assert len(re.findall(r"^\d\s+[\d.]+\s+[\d.]+\s+-?[\d.]+$", cells[7], re.M)) == 2
+    scaling = re.findall(r"^(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", cells[9], re.M)
+    assert [row[0] for row in scaling] == ["1", "2", "4"] and scaling[0][2:] == ("1.000", "1.000")
+    assert "stopped" in cells[-1]
+
+
+def test_06_model_and_hybrid_parallel():
+    cells = outputs(execute("06_model_and_hybrid_parallel.ipynb"))
+    pipeline = re.findall(r"largest \|weight - single process\| = (\S+)", cells[5])
+    hybrid = re.findall(r"^rank (\d) \(replica (\d), stage (\d)\): largest \|weight - single process\| = (\S+)$",
+                        cells[9], re.M)
+    assert len(pipeline) == 2 and all(float(d) < 1e-5 for d in pipeline)
+    assert [row[:3] for row in hybrid] == [("0", "0", "0"), ("1", "0", "1"), ("2", "1", "0"), ("3", "1", "1")]
+    assert all(float(row[3]) < 1e-5 for row in hybrid)
+    assert "[0, 2]" in cells[7] and "[1, 3]" in cells[7] and "stopped" in cells[-1]
