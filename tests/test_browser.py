@@ -1,0 +1,116 @@
+"""JupyterLab in Chromium: the tutorial's training cell draws a live loss curve for every rank.
+
+This is what fails most often for widget users: a front-end extension missing or of another version than the
+kernel's widgets shows "Error displaying widget" instead of a chart. A real JupyterLab server serves the
+notebook, Debian's Chromium (driven by Playwright) runs its cells, and the test reads the rendered SVG.
+"""
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from lab_server import JupyterServer
+from test_notebooks import NOTEBOOKS, leftover_ranks
+
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
+
+pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
+
+NOTEBOOK = "03_data_parallel_training.ipynb"
+ARTIFACTS = Path(os.environ.get("MPINB_ARTIFACTS", Path(__file__).parent.parent / "test-artifacts"))
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def chromium():
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        pytest.fail("Chromium is missing: make test installs Debian's chromium package (apt-get install chromium)")
+    return path
+
+
+def rank_curves(output):
+    """Per rendered bqplot line of the cell's output: how many points its SVG path draws."""
+    paths = output.locator(".bqplot path.line").evaluate_all(
+        "paths => paths.filter(p => !p.closest('.g_legend')).map(p => p.getAttribute('d') || '')")
+    return [len(re.findall(r"[ML]", d)) for d in paths]
+
+
+def run(cell, page, *, wait):
+    """Select *cell* and press Shift+Enter; for a code cell, with *wait*, until it has run (its prompt shows a
+    number). A request sent while the kernel's connection is still settling can be dropped, so once more if not."""
+    code = "jp-CodeCell" in (cell.get_attribute("class") or "")
+    prompt = cell.locator(".jp-InputPrompt").first
+    for attempt in range(2):
+        cell.locator(".jp-InputPrompt, .jp-Cell-inputWrapper").first.click()
+        page.keyboard.press("Escape")  # command mode: Shift+Enter runs the selected cell
+        page.keyboard.press("Shift+Enter")
+        if not code or not wait:
+            return
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
+                return
+            time.sleep(0.2)
+    raise AssertionError(f"the cell did not run: {cell.inner_text()[:200]!r}")
+
+
+def lab_settings(directory):
+    """User settings of the test's own: every cell rendered (JupyterLab 4 otherwise leaves cells out of view out of
+    the page), no news or update checks over the network, nothing read from or written to the home directory."""
+    for plugin, settings in [("notebook-extension/tracker", {"windowingMode": "none"}),
+                             ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False})]:
+        path = directory / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings))
+    return directory
+
+
+def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkeypatch):
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    shutil.copy(NOTEBOOKS / NOTEBOOK, root / NOTEBOOK)
+    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(tmp_path / "settings")))
+    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    sources = [cell.source for cell in nbformat.read(root / NOTEBOOK, as_version=4).cells]
+    training = next(i for i, source in enumerate(sources) if "mt.allreduce_gradients(model)" in source)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with JupyterServer(root) as server, playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{server.url}/lab/tree/{NOTEBOOK}?reset&token={server.token}")
+            page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+            cells = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
+            deadline = time.monotonic() + 30
+            while cells.count() < len(sources) and time.monotonic() < deadline:
+                time.sleep(0.2)  # cells are attached in batches after the notebook shows
+            assert cells.count() == len(sources), "every cell should be on the page (windowingMode none)"
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+            for index in range(training + 1):  # run every cell up to the training cell, in order, as a reader would
+                run(cells.nth(index), page, wait=index < training)
+            output = cells.nth(training).locator(".jp-OutputArea")
+            output.get_by_text("[rank 1] test accuracy").wait_for(timeout=120_000)
+            deadline = time.monotonic() + 30
+            while sorted(rank_curves(output)) != [256, 256] and time.monotonic() < deadline:
+                time.sleep(0.25)
+            curves = rank_curves(output)
+            output.scroll_into_view_if_needed()
+            legend = output.locator(".bqplot .g_legend .legendtext").evaluate_all("texts => texts.map(t => t.textContent)")
+            body = page.locator("body").inner_text()
+        finally:  # also when something above failed: the page shows why
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab-live-loss-per-rank.png"))
+            browser.close()
+    assert "Error displaying widget" not in body
+    assert "Model not found" not in body
+    assert sorted(curves) == [256, 256], curves  # one curve per rank, every one of its 256 steps drawn
+    assert {"rank 0", "rank 1"} <= set(legend)
+    assert not leftover_ranks(since=started)  # the server shut its kernel down, and the kernel its world
