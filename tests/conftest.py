@@ -49,3 +49,9 @@ def world_processes(world):
 def assert_all_gone(processes, timeout=10):
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     assert not alive, f"processes left behind: {[(p.pid, p.name()) for p in alive]}"
+
+
+def pytest_collection_modifyitems(items):
+    """Browser tests last: Playwright's sync API runs its own event loop in the test process's main thread, and
+    the tests that deliver interrupts to that thread should not run after it."""
+    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
