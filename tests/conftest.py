@@ -1,3 +1,5 @@
+import signal
+
 import psutil
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
@@ -51,7 +53,7 @@ def assert_all_gone(processes, timeout=10):
     assert not alive, f"processes left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
-def pytest_collection_modifyitems(items):
-    """Browser tests last: Playwright's sync API runs its own event loop in the test process's main thread, and
-    the tests that deliver interrupts to that thread should not run after it."""
-    items.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+def pytest_configure(config):
+    """Ctrl-C raises KeyboardInterrupt here as in a kernel, even when pytest was started with SIGINT ignored (as a
+    background job of a non-interactive shell is): the Stop-button tests deliver it with ``interrupt_main``."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
