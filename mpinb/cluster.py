@@ -204,17 +204,13 @@ class World:
     def interrupt(self, ranks=None):
         """Send SIGINT to *ranks*: by pid when they run on this host, else through ipyparallel."""
         ranks = self.ranks if ranks is None else list(ranks)
-        here = socket.gethostname()
-        remote = []
-        for rank in ranks:
-            who = self.identities.get(rank, {})
-            if who.get("host") == here:
-                try:
-                    os.kill(who["pid"], signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-            else:
-                remote.append(self.engines[rank])
+        local = self._local(ranks)
+        for rank in local:
+            try:
+                os.kill(self.identities[rank]["pid"], signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        remote = [self.engines[rank] for rank in ranks if rank not in local]
         if remote:
             self.client.send_signal(signal.SIGINT, targets=remote, block=False)
 
@@ -230,18 +226,18 @@ class World:
 
     def on_this_host(self, ranks=None):
         """Whether *ranks* (default: all) run on the notebook's host, so they can share memory with it."""
-        here = socket.gethostname()
-        return all(self.identities[rank]["host"] == here for rank in (self.ranks if ranks is None else ranks))
+        ranks = self.ranks if ranks is None else list(ranks)
+        return len(self._local(ranks)) == len(ranks)
 
     def dead_ranks(self, ranks=None):
         """Ranks among *ranks* whose engine process on this host has exited."""
+        local = self._local(self.ranks if ranks is None else ranks)
+        return [rank for rank in local if not psutil.pid_exists(self.identities[rank]["pid"])]
+
+    def _local(self, ranks):
+        """Those of *ranks* that run on the notebook's host (their pids mean something here)."""
         here = socket.gethostname()
-        dead = []
-        for rank in self.ranks if ranks is None else ranks:
-            who = self.identities[rank]
-            if who["host"] == here and not psutil.pid_exists(who["pid"]):
-                dead.append(rank)
-        return dead
+        return [rank for rank in ranks if self.identities.get(rank, {}).get("host") == here]
 
     def status(self):
         """One row per rank: ``{"rank", "host", "pid", "state"}``, state being idle, busy or dead."""

@@ -156,6 +156,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
         elif reply["value"] is not None:
             result.values[rank] = reply["value"]
     result.finished = [rank for rank in ranks if rank not in result.errors]
+    for name, values in result.gathered.items():  # rank order, whatever order the replies came in
+        result.gathered[name] = PerRank(sorted(values.items()))
     if interrupted is not None:
         interrupted.mpinb_result = result  # where each rank was, for whoever handles the interrupt
         raise interrupted
@@ -221,8 +223,6 @@ def _unpack_gathered(world, result, rank, reply):
             else:
                 result.gathered.setdefault(name, PerRank())[owner] = value
                 result.gather_stats.setdefault(name, {})[owner] = stats
-    for name in result.gathered:  # keep rank order whatever order replies came in
-        result.gathered[name] = PerRank(sorted(result.gathered[name].items()))
 
 
 def _lost(message, frames=()):

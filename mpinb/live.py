@@ -26,14 +26,17 @@ class LiveMetrics:
         Seconds between redraws at most; with ``max_points`` it bounds what the browser receives.
     max_points : int, default 1000
         Points drawn per curve at most.
+    runs : list of str
+        Runs to show already (``%mpi metrics``); a running cell adds each run as its first report arrives.
     """
 
-    def __init__(self, history, *, view, refresh_interval=0.25, max_points=1000, stderr=None, stdout=None):
+    def __init__(self, history, *, view, refresh_interval=0.25, max_points=1000, stderr=None, stdout=None,
+                 runs=()):
         self.history, self.widgets, self.text = history, view == "widgets", view == "text"
         self.refresh_interval, self.max_points = refresh_interval, max_points
         self.stderr, self.stdout = stderr or sys.stderr, stdout or sys.stdout
         self.view = None
-        self.runs = []
+        self.runs = list(runs)
         self.batches = self.records = self.refreshes = 0
         self._next_refresh = 0.0
 

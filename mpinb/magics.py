@@ -19,7 +19,6 @@ from .output import RankPrinter
 from .ranks import parse_ranks
 from .widgets.history import History
 from .widgets.status import status_text, status_widget
-from .widgets.summary import summary_text
 
 
 @magics_class
@@ -257,10 +256,7 @@ class MPIMagics(Magics):
         number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
         options = {"report_interval": self.report_interval}
         if gather:
-            transport = self._transport(ranks)
-            if transport == "mpi" and ranks is not None and len(ranks) != self.world.size:
-                transport = "frames"  # a collective needs every rank; a subset sends rank by rank
-            options.update(gather=list(gather), stats=inspect, transport=transport, root=self._root())
+            options.update(gather=list(gather), stats=inspect, transport=self._transport(ranks), root=self._root())
         try:
             self.last = result = execute.run_cell(
                 self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
@@ -302,11 +298,12 @@ class MPIMagics(Magics):
         return [note]
 
     def _transport(self, ranks):
-        if self.gather_transport != "auto":
-            return self.gather_transport
-        if self.world.on_this_host(ranks):
-            return "shm"
-        return "mpi" if ranks is None or len(ranks) == self.world.size else "frames"
+        transport = self.gather_transport
+        if transport == "auto":
+            transport = "shm" if self.world.on_this_host(ranks) else "mpi"
+        if transport == "mpi" and ranks is not None and len(ranks) != self.world.size:
+            transport = "frames"  # a collective needs every rank; a subset sends rank by rank
+        return transport
 
     def _root(self):
         """The rank an MPI gather collects on: the first one on the notebook's host (its message is local)."""
@@ -361,16 +358,8 @@ class MPIMagics(Magics):
         if not runs:
             print("no metrics reported in this world yet: call mpinb.report(loss=...) in a %%mpi cell")
             return
-        if _in_notebook(self.shell):
-            from .widgets.charts import MetricsWidget
-
-            view = MetricsWidget(self.history, max_points=self.max_points)
-            for name in runs:
-                view.show(name)
-            view.refresh(live=False)
-            display(view.widget)
-        else:
-            print("\n".join(summary_text(self.history, name) for name in runs))
+        view = "widgets" if _in_notebook(self.shell) else "text"
+        LiveMetrics(self.history, view=view, max_points=self.max_points, runs=runs).finish()
 
 
 def _timed_start(start):

@@ -53,6 +53,17 @@ def assert_all_gone(processes, timeout=10):
     assert not alive, f"processes left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
+def leftover_ranks(since, timeout=10):
+    """Pids of rank processes (mpinb's engine wrapper) started since *since* still alive after *timeout* s: what
+    a notebook's kernel left behind, whichever world started them."""
+    started = []
+    for process in psutil.process_iter(["cmdline", "create_time"]):
+        if (process.info["create_time"] or 0) >= since and "mpinb.rank.launch" in (process.info["cmdline"] or []):
+            started.append(process)
+    _, alive = psutil.wait_procs(started, timeout=timeout)
+    return [process.pid for process in alive]
+
+
 def pytest_configure(config):
     """Ctrl-C raises KeyboardInterrupt here as in a kernel, even when pytest was started with SIGINT ignored (as a
     background job of a non-interactive shell is): the Stop-button tests deliver it with ``interrupt_main``."""

@@ -15,8 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import leftover_ranks
 from lab_server import JupyterServer
-from test_notebooks import NOTEBOOKS, leftover_ranks
+from test_notebooks import NOTEBOOKS
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
 

@@ -128,14 +128,11 @@ def test_stop_button_on_ranks_stuck_in_mpi_restarts_the_world(world_of, mpi, mag
     assert mpi("rank") == {0: 0, 1: 1}
 
 
-def test_a_long_cell_says_where_each_rank_is(world_of, mpi, magics, capsys):
+def test_a_long_cell_says_where_each_rank_is(world_of, mpi, magics, capsys, monkeypatch):
     world_of(2)
-    magics.status_after = 1.0
-    try:
-        mpi("import time, mpinb\nif rank == 1:\n    for step in range(6):\n        mpinb.report(step=step, loss=1.0)\n"
-            "    time.sleep(2.5)")
-    finally:
-        magics.status_after = 30.0
+    monkeypatch.setattr(magics, "status_after", 1.0)
+    mpi("import time, mpinb\nif rank == 1:\n    for step in range(6):\n        mpinb.report(step=step, loss=1.0)\n"
+        "    time.sleep(2.5)")
     err = capsys.readouterr().err
     assert "[mpinb] cell running for 1 s\n[mpinb] rank 0: finished\n[mpinb] rank 1: running, last reported step 5" \
         in err

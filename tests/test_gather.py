@@ -80,12 +80,8 @@ def assert_same(got, want):
 
 
 @pytest.fixture
-def transport(magics):
-    def use(name):
-        magics.gather_transport = name
-
-    yield use
-    magics.gather_transport = "auto"
+def transport(magics, monkeypatch):
+    return lambda name: monkeypatch.setattr(magics, "gather_transport", name)
 
 
 @pytest.mark.parametrize("how", ["shm", "frames", "mpi"])

@@ -24,8 +24,7 @@ def fresh(world_of, magics, mpi, capsys):
         magics.history = History()
         capsys.readouterr()
 
-    yield world
-    magics.live_view = "auto"
+    return world
 
 
 def test_every_reported_value_reaches_mpinb_metrics(fresh, mpi, capsys):
@@ -92,9 +91,9 @@ while time.monotonic() - t0 < 30:
     ip.run_line_magic("mpi", "restart")
 
 
-def test_widget_view_draws_every_rank_and_keeps_the_last_value(world_of, ip, magics, mpi, fresh):
+def test_widget_view_draws_every_rank_and_keeps_the_last_value(world_of, ip, magics, mpi, fresh, monkeypatch):
     fresh(2)
-    magics.live_view = "widgets"
+    monkeypatch.setattr(magics, "live_view", "widgets")
     mpi("""
 import time, mpinb
 for step in range(5000):

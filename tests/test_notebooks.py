@@ -8,8 +8,8 @@ from pathlib import Path
 
 import nbformat
 import numpy as np
-import psutil
 import pytest
+from conftest import leftover_ranks
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
@@ -24,22 +24,6 @@ def execute(name):
     print(f"{name} ran in {time.time() - started:.1f} s")
     assert not leftover_ranks(since=started)
     return notebook
-
-
-def leftover_ranks(since):
-    """Rank processes (mpinb's engine wrapper) started since *since* that are still alive a few seconds on."""
-    deadline = time.monotonic() + 10
-    while True:
-        found = []
-        for process in psutil.process_iter(["cmdline", "create_time"]):
-            try:
-                if process.info["create_time"] >= since and "mpinb.rank.launch" in (process.info["cmdline"] or []):
-                    found.append(process.pid)
-            except psutil.Error:
-                pass
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
 
 
 def outputs(notebook):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from mpinb.preflight import default_mpiexec
 from mpinb.rank.report import AgentSink, Recorder, ScriptSink
 
 
@@ -107,8 +108,7 @@ def test_under_plain_mpiexec_without_a_notebook(tmp_path):
         assert "IPython" not in sys.modules and "ipywidgets" not in sys.modules
     """))
     env = dict(os.environ, MPINB_METRICS_FILE=str(tmp_path / "metrics-{rank}.jsonl"), MPINB_REPORT_EVERY="60")
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    done = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
+    done = subprocess.run([default_mpiexec(), "-n", "2", sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.splitlines()  # once, at exit: the period is 60 s

@@ -23,7 +23,7 @@ from . import gather, report, runner, stacks
 _agent = None
 
 
-def start(*, cells, events, key, rank=None, flush_interval=0.05, report_interval=0.1):
+def start(*, cells, events, key, rank=None, flush_interval=0.05):
     """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank."""
     global _agent
     if rank is None:
@@ -32,13 +32,12 @@ def start(*, cells, events, key, rank=None, flush_interval=0.05, report_interval
         rank = MPI.COMM_WORLD.rank
     if _agent is not None:
         _agent.close()
-    _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval,
-                   report_interval=report_interval)
+    _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval)
     return rank
 
 
 class Agent:
-    def __init__(self, *, cells, events, key, rank, flush_interval, report_interval):
+    def __init__(self, *, cells, events, key, rank, flush_interval):
         from tornado.ioloop import IOLoop
         from zmq.eventloop.zmqstream import ZMQStream
 
@@ -49,7 +48,7 @@ class Agent:
         self.inbox.setsockopt(zmq.IDENTITY, str(rank).encode())
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.inbox.connect(cells)
-        self.outbox = Outbox(context, events, key, rank, flush_interval, report_interval)
+        self.outbox = Outbox(context, events, key, rank, flush_interval)
         report.recorder.sink = self.outbox.metrics
         self.stream = ZMQStream(self.inbox, io_loop=IOLoop.current())
         self.stream.on_recv(self._on_message)
@@ -149,10 +148,11 @@ class ChannelStream(io.TextIOBase):
 class Outbox(threading.Thread):
     """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order."""
 
-    def __init__(self, context, address, key, rank, flush_interval, report_interval):
+    def __init__(self, context, address, key, rank, flush_interval):
         super().__init__(name="mpinb-outbox", daemon=True)
         self.key, self.rank = key, rank
-        self.flush_interval, self.report_interval = flush_interval, report_interval
+        self.flush_interval = flush_interval
+        self.report_interval = 0.1  # each cell sends the notebook's setting
         self.queue = queue.SimpleQueue()
         self.metrics = report.AgentSink(notify=lambda: self.queue.put("metrics"))
         self.socket = context.socket(zmq.PUSH)

@@ -21,9 +21,9 @@ def broadcast_parameters(model, root=0, *, comm=None):
     comm = _world(comm)
     named = list(model.named_parameters()) + list(model.named_buffers()) if hasattr(model, "named_parameters") \
         else _named(model)
-    _agree(comm, "broadcast_parameters", [(name, tuple(t.shape), str(t.dtype), True) for name, t in named])
+    _agree(comm, "broadcast_parameters", _signature(named, grads=False))
     with torch.no_grad():
-        for index, bucket in enumerate(_buckets([(name, t) for name, t in named], bucket_bytes=64 << 20)):
+        for index, bucket in enumerate(_buckets(named, bucket_bytes=64 << 20)):
             flat = _flatten([t for _, t in bucket], slot=("broadcast", index))
             comm.Bcast(_mpi_buffer(flat), root=root)
             _unflatten(flat, [t for _, t in bucket])
@@ -46,13 +46,7 @@ def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, 
         buckets = _buckets([(n, p) for n, p in named if p.grad is not None], bucket_bytes=bucket_mb << 20)
         for index, bucket in enumerate(buckets):
             grads = [p.grad for _, p in bucket]
-            wire = _wire_dtype(grads[0].dtype, compression)
-            if _reducible_in_place(grads, wire):
-                flat = grads[0].view(-1)
-            else:
-                flat = _flatten(grads, dtype=wire, slot=index)
-                if average and compression:
-                    flat.div_(comm.size)
+            flat = _wire_buffer(grads, compression, slot=index, divide_by=comm.size if average else 1)
             for piece, memory in _chunks(flat):
                 comm.Allreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype))
                 if average and not compression:
@@ -76,7 +70,7 @@ class GradientAllreducer:
         self.check = self.comm.Dup()  # agreement checks must not interleave with the pending Iallreduces
         self.average, self.compression = average, compression
         self.named = [(name, p) for name, p in _named(model) if p.requires_grad]
-        _agree(self.check, "GradientAllreducer", [(n, tuple(p.shape), str(p.dtype), True) for n, p in self.named])
+        _agree(self.check, "GradientAllreducer", _signature(self.named, grads=False))
         self.buckets = _buckets(self.named, bucket_bytes=bucket_mb << 20)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for _, p in bucket}
         self._reset()
@@ -100,14 +94,9 @@ class GradientAllreducer:
         params = [p for _, p in self.buckets[index]]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params] if fill_missing \
             else [p.grad for p in params]
-        wire = _wire_dtype(params[0].dtype, self.compression)
-        with torch.no_grad():
-            if _reducible_in_place(grads, wire) and grads[0] is params[0].grad:
-                flat = grads[0].view(-1)
-            else:
-                flat = _flatten(grads, dtype=wire, slot=("overlap", index))
-                if self.average and self.compression:
-                    flat.div_(self.comm.size)
+        with torch.no_grad():  # (a zero-filled stand-in is never reduced in place: nothing would see the result)
+            flat = _wire_buffer(grads, self.compression, slot=("overlap", index), in_place=grads[0] is params[0].grad,
+                                divide_by=self.comm.size if self.average else 1)
         self.flats[index] = flat
         self.requests.extend(self.comm.Iallreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype)) for _, memory in _chunks(flat))
         self.started += 1
@@ -115,8 +104,9 @@ class GradientAllreducer:
     def synchronize(self):
         """Wait for every bucket and write the averaged gradients back; raise if ranks disagreed."""
         signature = _signature(self.named)
-        agreed = len(set(self.check.allgather(_digest(signature)))) == 1
-        if not self.check.allreduce(self.started == len(self.buckets), op=_MIN()):
+        everyone = self.check.allgather((_digest(signature), self.started == len(self.buckets)))
+        agreed = len({digest for digest, _ in everyone}) == 1
+        if not all(complete for _, complete in everyone):
             # a bucket did not fill on some rank (a parameter without gradient): start what is left everywhere,
             # in order, with zeros for missing gradients, so every rank's collectives still match
             while self.started < len(self.buckets):
@@ -206,12 +196,6 @@ def _SUM(dtype=None):
     return _half_sums[dtype]
 
 
-def _MIN():
-    from mpi4py import MPI
-
-    return MPI.MIN
-
-
 def _Request():
     from mpi4py import MPI
 
@@ -227,8 +211,9 @@ def _named(model):
     return [(str(i), tensor) for i, tensor in enumerate(items)]
 
 
-def _signature(named):
-    return [(name, tuple(p.shape), str(p.dtype), p.grad is not None) for name, p in named]
+def _signature(named, *, grads=True):
+    """What every rank must agree on: name, shape, dtype and (with *grads*) whether it holds a gradient."""
+    return [(name, tuple(p.shape), str(p.dtype), p.grad is not None if grads else True) for name, p in named]
 
 
 def _digest(signature):
@@ -267,6 +252,19 @@ def _agree(comm, what, signature):
 
 IN_PLACE_BYTES = 1 << 20  # a gradient this big is reduced in its own memory: fusing it would only add copies
 CHUNK_BYTES = 2 << 20  # Allreduce piece size (measured fastest for 2-4 MB on MPICH over shared memory)
+
+
+def _wire_buffer(grads, compression, *, slot, divide_by=1, in_place=True):
+    """The flat buffer a bucket's *grads* are reduced in: the gradient itself when it is big enough and already
+    in the wire dtype, else a fused copy converted to it. Compressed values are divided before the sum (an fp16
+    sum of undivided gradients can overflow); uncompressed ones after it, piece by piece."""
+    wire = _wire_dtype(grads[0].dtype, compression)
+    if in_place and _reducible_in_place(grads, wire):
+        return grads[0].view(-1)
+    flat = _flatten(grads, dtype=wire, slot=slot)
+    if compression and divide_by != 1:
+        flat.div_(divide_by)
+    return flat
 
 
 def _reducible_in_place(tensors, wire_dtype):

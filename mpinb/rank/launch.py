@@ -30,12 +30,7 @@ def main(argv):
                              preexec_fn=_die_with_parent)
     for forwarded in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
         signal.signal(forwarded, lambda number, frame: child.send_signal(number))
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:
-            continue
+    code = child.wait()  # retried by Python when a forwarded signal interrupts it (PEP 475)
     directory = os.environ.get("MPINB_STATUS_DIR")
     if directory and os.path.isdir(directory):
         with open(os.path.join(directory, f"exit-{child.pid}"), "w") as status:

@@ -74,14 +74,17 @@ class Recorder:
                 raise TypeError(f"mpinb.report(step=...) takes an integer, not {type(step).__name__} "
                                 f"({step!r})") from None
         self.next_step[run] = step + 1
-        values = {name: _number(name, value) for name, value in metrics.items()}
         if self.sink is None:
             self.sink = ScriptSink()
+        defer = self.sink.batches
+        values = {name: _number(name, value, defer=defer) for name, value in metrics.items()}
         self.sink.put((run, step, time.time(), values))
 
 
 class AgentSink:
     """Records wait in a deque until the rank's agent drains them (its ``notify`` wakes it once per batch)."""
+
+    batches = True  # accelerator values are read when a batch is drained, not at every report()
 
     def __init__(self, notify):
         self.records = collections.deque()
@@ -106,6 +109,8 @@ class AgentSink:
 class ScriptSink:
     """No notebook: a periodic summary line on rank 0, non-finite warnings, optional JSON lines per rank."""
 
+    batches = False  # every record is written as it comes, so its values are read at once
+
     def __init__(self, *, rank=None, every=None, path=None, stdout=None, stderr=None):
         self.rank = _world_rank() if rank is None else rank
         every = float(os.environ.get("MPINB_REPORT_EVERY", "10")) if every is None else every
@@ -120,7 +125,6 @@ class ScriptSink:
         atexit.register(self.close)
 
     def put(self, record):
-        _read_deferred([record])
         run, step, when, values = record
         if self.last is None or self.last[0] != run:
             self.first = (when, step)
@@ -160,15 +164,15 @@ def nonfinite_message(name, value, step):
     return f"{name} became {word} at step {step}"
 
 
-def _number(name, value):
-    """*value* as a float, or a detached copy of a one-element accelerator tensor to read later."""
+def _number(name, value, *, defer=False):
+    """*value* as a float, or (with *defer*) a detached copy of a one-element accelerator tensor to read later."""
     if type(value) in (float, int):
         return float(value)
     if hasattr(value, "detach") and hasattr(value, "numel"):  # a torch tensor
         if value.numel() != 1:
             raise TypeError(f"mpinb.report({name}=...) takes one number, not a tensor of shape "
                             f"{tuple(value.shape)}; reduce it first (e.g. {name}.mean()) or report each element")
-        if not value.is_cpu:
+        if defer and not value.is_cpu:
             return _Deferred(value.detach().reshape(()).clone())
         return float(value.item())
     try:

@@ -93,3 +93,24 @@ def _scales():
 def _axes(scales, name):
     return [bqplot.Axis(scale=scales["x"], label="step", grid_lines="none"),
             bqplot.Axis(scale=scales["y"], side="left", label=name, tick_format=".4~g")]
+
+
+def histogram_figure(title, x_label, width):
+    """An empty figure for per-rank histograms (the tensor inspector's, ``%mpi grads``'s); see :func:`draw_histograms`."""
+    x_scale, y_scale = bqplot.LinearScale(), bqplot.LinearScale()
+    return bqplot.Figure(marks=[], title=title, legend_location="top-right",
+                         axes=[bqplot.Axis(scale=x_scale, label=x_label, tick_format=".3~g"),
+                               bqplot.Axis(scale=y_scale, side="left", label="count")],
+                         fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 20},
+                         layout=w.Layout(width=width, height="300px"))
+
+
+def draw_histograms(figure, histograms):
+    """Draw ``{rank: (counts, edges)}`` into *figure*: one step line per rank, in the rank's colour."""
+    scales = {"x": figure.axes[0].scale, "y": figure.axes[1].scale}
+    marks = []
+    for rank, (counts, edges) in sorted(histograms.items()):
+        centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+        marks.append(bqplot.Lines(x=centres, y=counts, scales=scales, colors=[rank_color(rank)],
+                                  labels=[f"rank {rank}"], display_legend=True, interpolation="step-after"))
+    figure.marks = marks

@@ -7,9 +7,10 @@
 import math
 import statistics
 from dataclasses import dataclass, field
+from html import escape as _escape
 
 from ..ranks import label_ranks
-from .colors import rank_color
+from .text import aligned
 
 RTOL = 1e-6
 
@@ -91,12 +92,14 @@ def grads_text(reports):
         table.append([report.layer + (" (buffer)" if report.kind == "buffer" else ""), str(report.shape), *norms,
                       _number(report.grad_diff) if report.grad_norm else "", _number(report.diff),
                       "; ".join(report.flags)])
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    return "\n".join([_verdict(reports), *aligned(table)])
+
+
+def _verdict(reports):
     flagged = [r.layer for r in reports if r.flags]
-    verdict = (f"ranks disagree on {len(flagged)} of {len(reports)} layers: {', '.join(flagged)}" if flagged
-               else f"all {len(ranks)} ranks agree on every layer's weights and gradients")
-    return "\n".join([verdict, *lines])
+    if flagged:
+        return f"ranks disagree on {len(flagged)} of {len(reports)} layers: {', '.join(flagged)}"
+    return f"all {len(reports[0].norm)} ranks agree on every layer's weights and gradients"
 
 
 def grads_widget(reports):
@@ -105,6 +108,8 @@ def grads_widget(reports):
     import bqplot
     import ipywidgets as w
     import numpy as np
+
+    from .charts import draw_histograms, histogram_figure
 
     ranks = sorted(reports[0].norm) if reports else []
     with_grads = [r for r in reports if r.grad_norm]
@@ -122,24 +127,11 @@ def grads_widget(reports):
                                 layout=w.Layout(width="480px", height=f"{max(220, 28 * len(with_grads) + 80)}px"))
     table = w.HTML(_table_html(reports))
     chooser = w.Dropdown(options=[r.layer for r in with_grads], description="layer", layout=w.Layout(width="auto"))
-    x_scale, y_scale = bqplot.LinearScale(), bqplot.LinearScale()
-    histogram = bqplot.Figure(marks=[], title="gradient histogram per rank", legend_location="top-right",
-                              axes=[bqplot.Axis(scale=x_scale, label="gradient", tick_format=".3~g"),
-                                    bqplot.Axis(scale=y_scale, side="left", label="count")],
-                              fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 20},
-                              layout=w.Layout(width="480px", height="300px"))
+    histogram = histogram_figure("gradient histogram per rank", "gradient", "480px")
 
     def show(change=None):
         report = next(r for r in with_grads if r.layer == chooser.value)
-        marks = []
-        for rank in ranks:
-            if report.histograms.get(rank):
-                counts, edges = report.histograms[rank]
-                centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-                marks.append(bqplot.Lines(x=centres, y=counts, scales={"x": x_scale, "y": y_scale},
-                                          colors=[rank_color(rank)], labels=[f"rank {rank}"],
-                                          display_legend=True, interpolation="step-after"))
-        histogram.marks = marks
+        draw_histograms(histogram, {rank: report.histograms[rank] for rank in ranks if report.histograms.get(rank)})
 
     chooser.observe(show, names="value")
     if with_grads:
@@ -165,7 +157,7 @@ def _table_html(reports):
         flags = "<br>".join(_escape(flag) for flag in report.flags)
         style = " style='background:#fdecea'" if report.flags else ""
         body.append(f"<tr{style}>{tds}<td style='color:#c62828'>{flags}</td></tr>")
-    verdict = _escape(grads_text(reports).splitlines()[0])
+    verdict = _escape(_verdict(reports) if reports else "no parameters")
     return (f"<b>{verdict}</b><table style='font-family:monospace;font-size:12px'><tr>{head}</tr>"
             f"{''.join(body)}</table>")
 
@@ -180,7 +172,3 @@ def _number(value):
     return "" if value is None else f"{value:.4g}"
 
 
-def _escape(text):
-    import html
-
-    return html.escape(text)

@@ -60,7 +60,7 @@ class History:
         self.series = {}  # (run, rank, name) -> Series
         self.progress = {}  # (run, rank) -> Progress
         self.names = {}  # run -> metric names in the order they first appeared
-        self.alerts = []  # (run, rank, message), in the order they were found
+        self.alerts = []  # (run, rank, note, message), in the order they were found
         self._nonfinite = set()  # (run, rank, name) already alerted
 
     def add(self, rank, records, *, arrived=None):
@@ -85,10 +85,9 @@ class History:
                 series.times.append(when)
                 if not math.isfinite(value) and key not in self._nonfinite:
                     self._nonfinite.add(key)
-                    message = f"rank {rank}: {nonfinite_message(name, value, step)}"
-                    if run != DEFAULT_RUN:
-                        message += f" (run {run})"
-                    self.alerts.append((run, rank, message))
+                    note = nonfinite_message(name, value, step)
+                    message = f"rank {rank}: {note}" + (f" (run {run})" if run != DEFAULT_RUN else "")
+                    self.alerts.append((run, rank, note, message))
                     new_alerts.append(message)
             progress.values.update(values)
             progress.step, progress.time = step, when
@@ -151,9 +150,9 @@ class History:
         rates, slow = self.rates(run), self.stragglers(run)
         quiet = self.silent(run, now=now) if live else {}
         bad = {}
-        for alert_run, rank, message in self.alerts:
+        for alert_run, rank, note, _ in self.alerts:
             if alert_run == run:
-                bad.setdefault(rank, []).append(message.split(": ", 1)[1].split(" (run ")[0])
+                bad.setdefault(rank, []).append(note)
         rows = []
         for rank in self.ranks(run):
             progress = self.progress[(run, rank)]

@@ -7,11 +7,13 @@ reads the gathered values, which are already in the notebook.
 
 import math
 from dataclasses import dataclass, field
+from html import escape
 
 import numpy as np
 
 from ..ranks import label_ranks
 from .colors import rank_color
+from .text import aligned
 
 STAT_COLUMNS = ("shape", "dtype", "device", "norm", "min", "max", "mean", "nan", "inf", "max |Δ| to first")
 
@@ -170,41 +172,27 @@ def inspector_text(reports):
     blocks = []
     for report in reports:
         table = [("rank", *STAT_COLUMNS)] + [(str(rank), *cells) for rank, cells in rows(report).items()]
-        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
-        blocks.append("\n".join([f"{report.label}: {report.verdict}", *("  " + line for line in lines)]))
+        blocks.append("\n".join([f"{report.label}: {report.verdict}", *("  " + line for line in aligned(table))]))
     return "\n\n".join(blocks)
 
 
 def inspector_widget(reports):
     """A summary of every leaf, and for the selected one the per-rank table and histograms (bqplot)."""
-    import bqplot
     import ipywidgets as w
+
+    from .charts import draw_histograms, histogram_figure
 
     summary = w.HTML(_summary_html(reports))
     chooser = w.Dropdown(options=[(r.label, i) for i, r in enumerate(reports)], description="leaf",
                          layout=w.Layout(width="auto"))
     table = w.HTML()
-    x_scale, y_scale = bqplot.LinearScale(), bqplot.LinearScale()
-    histogram = bqplot.Figure(marks=[], axes=[bqplot.Axis(scale=x_scale, label="value", tick_format=".3~g"),
-                                               bqplot.Axis(scale=y_scale, side="left", label="count")],
-                              title="histogram per rank", legend_location="top-right",
-                              fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 20},
-                              layout=w.Layout(width="520px", height="300px"))
+    histogram = histogram_figure("histogram per rank", "value", "520px")
 
     def show(change=None):
         report = reports[chooser.value]
         table.value = _rank_table_html(report)
-        marks = []
-        for rank, stats in sorted(report.stats.items()):
-            if "histogram" not in stats:
-                continue
-            counts, edges = stats["histogram"]
-            centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-            marks.append(bqplot.Lines(x=centres, y=counts, scales={"x": x_scale, "y": y_scale},
-                                      colors=[rank_color(rank)], labels=[f"rank {rank}"], display_legend=True,
-                                      interpolation="step-after"))
-        histogram.marks = marks
+        draw_histograms(histogram, {rank: stats["histogram"] for rank, stats in report.stats.items()
+                                    if "histogram" in stats})
 
     chooser.observe(show, names="value")
     if reports:
@@ -239,9 +227,7 @@ def _rank_table_html(report):
 
 
 def _escape(text):
-    import html
-
-    return html.escape(str(text))
+    return escape(str(text))
 
 
 def _number(value):

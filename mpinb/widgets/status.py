@@ -1,5 +1,7 @@
 """``%mpi status`` as a table widget in a notebook and as aligned text in a terminal."""
 
+from .text import aligned
+
 COLUMNS = ("rank", "host", "pid", "state")
 _STATE_COLOURS = {"idle": "#2e7d32", "busy": "#ef6c00", "dead": "#c62828"}
 
@@ -7,8 +9,7 @@ _STATE_COLOURS = {"idle": "#2e7d32", "busy": "#ef6c00", "dead": "#c62828"}
 def status_text(rows, header):
     """*rows* (dicts with rank, host, pid, state) as a header line and an aligned table."""
     table = [COLUMNS] + [tuple(str(row[c]) for c in COLUMNS) for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    lines = aligned(table)
     return "\n".join([header, *lines])
 
 

@@ -3,6 +3,7 @@
 import html
 
 from .colors import rank_color
+from .text import aligned
 
 
 def _cells(history, run, *, now=None, live=False):
@@ -20,8 +21,7 @@ def summary_text(history, run, *, now=None, live=False):
     """An aligned table, one line per rank, under a line naming the run."""
     header, rows = _cells(history, run, now=now, live=live)
     table = [header] + [cells for _, cells in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    lines = aligned(table)
     return "\n".join([f"metrics of run {run!r}:", *lines])
 
 
