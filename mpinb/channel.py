@@ -1,4 +1,5 @@
-"""The notebook end of the cell channel: one message per rank out, output and replies back, over loopback ZMQ.
+"""The notebook end of the cell channel: one message per rank out, output and replies back, over ZMQ (loopback
+unless the world listens on another address, with every message signed with the world's key).
 
 ipyparallel starts the ranks and stays their control plane (registration, heartbeats, signals, status); cells
 take this shorter path because an ipyparallel execute or apply request costs every engine about 2 ms of CPU in
@@ -7,6 +8,7 @@ with the number of ranks.
 """
 
 import secrets
+import socket
 import time
 
 import zmq
@@ -25,9 +27,9 @@ class Channel:
         self.cells.setsockopt(zmq.LINGER, 0)
         self.events = context.socket(zmq.PULL)
         self.events.setsockopt(zmq.LINGER, 0)
-        host = "127.0.0.1" if ip in ("", "localhost") else ip
-        self.cells_url = f"tcp://{host}:{self.cells.bind_to_random_port(f'tcp://{host}')}"
-        self.events_url = f"tcp://{host}:{self.events.bind_to_random_port(f'tcp://{host}')}"
+        bind, host = _addresses(ip)
+        self.cells_url = f"tcp://{host}:{self.cells.bind_to_random_port(f'tcp://{bind}')}"
+        self.events_url = f"tcp://{host}:{self.events.bind_to_random_port(f'tcp://{bind}')}"
         self.poller = zmq.Poller()
         self.poller.register(self.cells, zmq.POLLIN)
         self.poller.register(self.events, zmq.POLLIN)
@@ -68,13 +70,13 @@ class Channel:
         A reply that came with raw buffers (a gather sent as frames) carries them as ``reply["buffers"]``.
         """
         messages = []
-        for socket, _ in self.poller.poll(max(0, int(timeout * 1000))):
+        for sock, _ in self.poller.poll(max(0, int(timeout * 1000))):
             while True:
                 try:
-                    frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                if socket is self.cells:
+                if sock is self.cells:
                     frames = frames[1:]  # drop the ROUTER's peer identity
                 unpacked = wire.unpack_with_buffers(self.key, frames)
                 if unpacked is None:
@@ -88,3 +90,30 @@ class Channel:
     def close(self):
         self.cells.close()
         self.events.close()
+
+
+def _addresses(ip):
+    """``(address to bind, address ranks connect to)`` for a controller that listens on *ip*."""
+    if ip in ("", "localhost"):
+        return "127.0.0.1", "127.0.0.1"
+    if ip in ("*", "0.0.0.0"):
+        return "*", reachable_address()
+    return ip, ip
+
+
+def reachable_address():
+    """An address of this host that other hosts can reach: its name's, unless that is loopback (as Debian's
+    ``/etc/hosts`` makes it), else the first non-loopback IPv4 address of an interface."""
+    try:
+        address = socket.gethostbyname(socket.getfqdn())
+    except OSError:
+        address = "127.0.0.1"
+    if not address.startswith("127."):
+        return address
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for entry in addresses:
+            if entry.family == socket.AF_INET and not entry.address.startswith("127."):
+                return entry.address
+    return address

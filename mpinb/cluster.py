@@ -1,4 +1,5 @@
-"""Start, stop, restart and inspect one MPI world: ipyparallel engines launched by a single ``mpiexec``."""
+"""Start, stop, restart and inspect one MPI world: ipyparallel engines launched by a single ``mpiexec``, here or
+inside a batch job (``launchers.py``)."""
 
 import atexit
 import logging
@@ -16,6 +17,7 @@ from IPython.core.error import UsageError
 from .channel import Channel
 from .errors import MPIError
 from .gather import Receiver
+from .launchers import Placement, SlurmJob, is_this_host
 from .preflight import find_mpiexec, mpi_library
 from .rank import agent
 from .rank import world as rank_world
@@ -29,6 +31,21 @@ _live_worlds = weakref.WeakSet()
 LOOPBACK_ENV = {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo", "UCX_NET_DEVICES": "lo"}
 
 
+# Reasons a pending Slurm job gives when it will never start without a change (squeue %R)
+NEVER_RUNS = {
+    "PartitionConfig": "the partition cannot give that many tasks (fewer ranks, or another --partition)",
+    "PartitionNodeLimit": "more nodes than the partition allows (fewer ranks, or another --partition)",
+    "PartitionTimeLimit": "a longer --time than the partition allows",
+    "BadConstraints": "no node satisfies the job's constraints (check --scheduler-arg)",
+    "InvalidAccount": "the --account is not valid",
+    "InvalidQOS": "the QOS is not valid",
+    "AccountNotAllowed": "the account may not use this partition",
+    "QOSNotAllowed": "the QOS may not use this partition",
+    "JobHeldAdmin": "an administrator holds the job",
+    "JobHeldUser": "the job is held (scontrol release)",
+}
+
+
 class World:
     """An MPI world of ``size`` ranks, one ipyparallel engine per rank, all under one ``mpiexec``.
 
@@ -40,8 +57,14 @@ class World:
         Name or path of the launcher; point it at a system MPI (Open MPI, Intel MPI) to use that MPI.
     mpiexec_args : list of str, default ``[]``
         Extra arguments for ``mpiexec``, e.g. ``["--oversubscribe"]`` for Open MPI.
+    placement : Placement, default ``Placement()`` (mpiexec on this host)
+        Where the ranks run: ``Placement(launcher="slurm", partition="debug", time="00:30:00")`` submits a
+        batch job of ``size`` tasks that runs ``mpiexec`` inside its allocation (see ``launchers.py``).
     ip : str, default ``"127.0.0.1"``
-        Address the controller listens on. Loopback keeps the world private to this machine.
+        Address the controller and the cell channel listen on. Loopback keeps the world private to this
+        machine; ranks on other hosts need an address of this host they can reach (or ``"0.0.0.0"``: every
+        interface). Whatever the address, every message is signed with the world's key and the connection
+        files are readable by their owner only.
     heartbeat_ms : int, default 500
         Controller ↔ engine heartbeat period; registration completes on the first beat.
     start_timeout : float, default 60
@@ -57,14 +80,16 @@ class World:
     >>> world.stop()
     """
 
-    def __init__(self, size, *, mpiexec=None, mpiexec_args=(), ip="127.0.0.1", heartbeat_ms=500,
+    def __init__(self, size, *, mpiexec=None, mpiexec_args=(), placement=None, ip="127.0.0.1", heartbeat_ms=500,
                  start_timeout=60.0, progress=True):
         if int(size) < 1:
             raise UsageError(f"a world needs at least 1 rank, not {size}")
         self.size = int(size)
         self.mpiexec = mpiexec
         self.mpiexec_args = list(mpiexec_args)
+        self.placement = placement or Placement()
         self.ip = ip
+        self.job = None  # the SlurmJob the ranks run in (Slurm launcher)
         self.heartbeat_ms = int(heartbeat_ms)
         self.start_timeout = float(start_timeout)
         self.progress = progress
@@ -111,23 +136,30 @@ class World:
 
         mpiexec = find_mpiexec(self.mpiexec)
         mpi_library(sys.executable)
+        self.placement.check()
+        remote = self.placement.remote_hosts()
+        if remote and self.loopback:
+            raise UsageError(
+                f"ranks on {', '.join(remote[:3])} cannot reach a controller that listens on {self.ip}: add "
+                "--ip with an address of this host they can reach (or 0.0.0.0 for every interface)"
+            )
         config = Config()
-        config.MPILauncher.mpi_cmd = [mpiexec]
-        config.MPILauncher.mpi_args = self.mpiexec_args
-        # each rank runs its engine under a parent that records how it ended (rank/launch.py)
-        config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-m", "mpinb.rank.launch"]
         self.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
         environment = {"MPINB_STATUS_DIR": self.status_dir}
-        if self.ip.startswith("127.") or self.ip == "localhost":
+        if self.loopback:
             environment.update(LOOPBACK_ENV)
-        config.MPIEngineSetLauncher.environment = environment
+        # each rank runs its engine under a parent that records how it ended (rank/launch.py)
+        engines = self.placement.configure(config, n=self.size, mpiexec=mpiexec, mpiexec_args=self.mpiexec_args,
+                                           engine_cmd=[sys.executable, "-m", "mpinb.rank.launch"],
+                                           environment=environment, workdir=self.status_dir)
         self.cluster = ipp.Cluster(
-            engines="mpi",
+            engines=engines,
             n=self.size,
             controller_ip=self.ip,
             controller_args=[f"--HeartMonitor.period={self.heartbeat_ms}", "--HubFactory.db_class=NoDB"],
             delay=0,
             shutdown_atexit=False,
+            cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
             log_level=logging.WARNING,
             config=config,
         )
@@ -135,12 +167,15 @@ class World:
         try:
             self.cluster.start_controller_sync()
             self.cluster.start_engines_sync(self.size)
+            job_id = self._job_id()
+            if self.placement.launcher == "slurm" and job_id:
+                self.job = SlurmJob(job_id)
             self.client = self.cluster.connect_client_sync()
             self._wait_for_engines()
-            self._processes = self._launched_processes()
-            self._start_reaper()
             everyone = self.client.direct_view(targets=list(self.client.ids))
             self._learn_ranks(everyone)
+            self._processes = self._launched_processes() + self._rank_processes()
+            self._start_reaper()
             self._shared_files = self._mapped_shared_files()
             self._open_channel(everyone)
         except BaseException:
@@ -173,17 +208,24 @@ class World:
             signal_all([process for process in processes if process.pid != controller], "kill")
         if client is not None:
             client.close()
+        outputs = [getattr(launcher, "output_file", "") for launcher in
+                   ([cluster.controller, *cluster.engines.values()] if cluster is not None else ())]
         if cluster is not None:
             try:
-                cluster.stop_cluster_sync()
+                cluster.stop_cluster_sync()  # a batch launcher cancels its job here
             except Exception as exc:  # noqa: BLE001 - a half-dead world must still be cleaned up
                 log.warning("stopping the cluster reported: %s", exc)
+        job, self.job = self.job, None
+        if job is not None and not job.wait_gone(timeout=60):
+            log.warning("Slurm job %s is still in the queue (%s) a minute after scancel", job.job_id, job.state()[0])
         end_processes(processes, grace=5)
         self._remove_shared_files()
         if self._reaper is not None:
             self._reaper.kill()
             self._reaper.wait(timeout=5)
             self._reaper = None
+        if cluster is not None:
+            _remove_files(_connection_files(cluster) + [path for path in outputs if path])
         # also the files of ranks that never said hello (their pids are known all the same)
         remove_world_files(self.status_dir, [process.pid for process in processes], self.stack_files.values())
         self.status_dir = None
@@ -258,20 +300,43 @@ class World:
         return rows
 
     def describe(self):
-        """A one-line summary: size, MPI library, mpiexec."""
+        """A summary: size, MPI library, mpiexec, the batch job if any, and which ranks run on which host."""
         if not self.engines:
             return "no MPI world is running"
         mpi = self.identities[self.ranks[0]]["mpi"]
-        return f"MPI world of {self.size} rank{'s' if self.size != 1 else ''} ({mpi}) via {find_mpiexec(self.mpiexec)}"
+        line = f"MPI world of {self.size} rank{'s' if self.size != 1 else ''} ({mpi}) via {find_mpiexec(self.mpiexec)}"
+        where = self.placement.describe()
+        if self.placement.batch:
+            where = where.replace(" job", f" job {self._job_id()}", 1)
+        if where:
+            line += f" in {where}" if self.placement.batch else f" on {where}"
+        if not self.loopback:
+            line += f"; controller on {self.ip}"
+        hosts = self.hosts()
+        return line + "\n" + "; ".join(f"{host}: {_span(ranks)}" for host, ranks in hosts.items())
+
+    def hosts(self):
+        """``{host: [ranks]}`` in order of each host's lowest rank."""
+        hosts = {}
+        for rank in self.ranks:
+            hosts.setdefault(self.identities[rank]["host"], []).append(rank)
+        return hosts
+
+    @property
+    def loopback(self):
+        return self.ip.startswith("127.") or self.ip == "localhost"
 
     # ------------------------------------------------------------------ internals
 
     def _wait_for_engines(self):
+        """Wait for every rank to register. Time a batch job spends queued does not count against
+        ``start_timeout`` (an interrupt cancels it)."""
         from tqdm.auto import tqdm
 
         deadline = time.monotonic() + self.start_timeout
         bar = tqdm(total=self.size, desc="starting MPI ranks", unit="rank", leave=False, mininterval=0.25,
                    disable=not self.progress)
+        polled, queued = 0.0, False
         try:
             while True:
                 up = len(self.client.ids)
@@ -280,6 +345,15 @@ class World:
                 if up >= self.size:
                     return
                 self._check_launchers()
+                if self.job is not None and time.monotonic() - polled > 0.5:
+                    polled = time.monotonic()
+                    state, where = self.job.state()
+                    queued = self._check_job(state, where)
+                    reason = "" if where in ("", "(None)") else f" {where}"
+                    bar.set_description(f"Slurm job {self.job.job_id} {state.lower()}{reason}" if queued
+                                        else "starting MPI ranks")
+                if queued:
+                    deadline = time.monotonic() + self.start_timeout
                 if time.monotonic() > deadline:
                     raise MPIError(
                         f"only {up} of {self.size} ranks registered within {self.start_timeout:g} s; "
@@ -294,11 +368,58 @@ class World:
             process = getattr(launcher, "process", None)
             if process is not None and not _is_alive(process):
                 what = "the ipyparallel controller" if name == "controller" else "mpiexec"
-                raise MPIError(f"{what} exited while the world was starting:\n{self._launcher_output()}")
+                raise MPIError(f"{what} exited while the world was starting:\n{self._launcher_output([launcher])}")
 
-    def _launcher_output(self):
+    def _check_job(self, state, where):
+        """Raise if the Slurm job ended, or runs where the ranks cannot reach the controller; return whether it
+        is still queued."""
+        if state is None:
+            raise MPIError(f"Slurm job {self.job.job_id} ended before every rank registered; its output:\n"
+                           f"{self._launcher_output()}")
+        if state == "PENDING":
+            reason = where.strip("()")
+            if reason in NEVER_RUNS:
+                raise UsageError(
+                    f"Slurm will not run job {self.job.job_id} as asked ({reason}): {NEVER_RUNS[reason]}; "
+                    "scontrol show partition lists what each partition allows"
+                )
+            return True
+        if state == "RUNNING" and self.loopback:
+            away = [host for host in self.job.nodes() if not is_this_host(host)]
+            if away:
+                raise MPIError(
+                    f"Slurm job {self.job.job_id} runs on {', '.join(away[:3])}, and ranks there cannot reach a "
+                    f"controller that listens on {self.ip}: %mpi start --launcher slurm --ip ADDRESS (an address "
+                    "of this host the compute nodes reach, or 0.0.0.0)"
+                )
+        return False
+
+    def _job_id(self):
+        for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
+            if getattr(launcher, "job_id", ""):
+                return launcher.job_id
+        return None
+
+    def _rank_processes(self):
+        """Processes of the ranks on this host that this kernel did not start itself (a batch job's): each
+        engine and the ``mpinb.rank.launch`` parent above it."""
+        if not self.placement.batch:
+            return []
+        processes = []
+        for rank in self._local(self.ranks):
+            try:
+                engine = psutil.Process(self.identities[rank]["pid"])
+                processes.append(engine)
+                parent = engine.parent()
+                if parent is not None and "mpinb.rank.launch" in parent.cmdline():
+                    processes.append(parent)
+            except psutil.NoSuchProcess:
+                pass
+        return processes
+
+    def _launcher_output(self, launchers=None):
         chunks = []
-        for launcher in [self.cluster.controller, *self.cluster.engines.values()]:
+        for launcher in launchers or [self.cluster.controller, *self.cluster.engines.values()]:
             try:
                 text = launcher.get_output()
             except Exception:  # noqa: BLE001 - output is a courtesy; the error is raised anyway
@@ -338,7 +459,11 @@ class World:
                 items.append(f"{process.pid}:{process.create_time()}")
             except psutil.NoSuchProcess:
                 pass
-        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.reaper", str(os.getpid()), self.status_dir, *items],
+        cancel = []
+        if self.job is not None:
+            cancel = ["--cancel", f"scancel {self.job.job_id}"]
+        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.reaper", *cancel, str(os.getpid()),
+                                         self.status_dir, *items],
                                         start_new_session=True, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -379,6 +504,32 @@ class World:
             )
         self.engines = {who["rank"]: eid for eid, who in zip(view.targets, replies)}
         self.identities = {who["rank"]: who for who in replies}
+
+
+def _connection_files(cluster):
+    """The controller's connection files (owner-only, holding the world's key)."""
+    return [os.path.join(cluster.profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-{kind}.json")
+            for kind in ("client", "engine")]
+
+
+def _remove_files(paths):
+    """What ipyparallel removes itself when a world ends cleanly, but not when its controller or mpiexec was
+    killed: connection files and launcher logs."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+
+
+def _span(ranks):
+    """``[0, 1, 2, 5]`` as ``"ranks 0-2, 5"``."""
+    runs, start = [], ranks[0]
+    for previous, rank in zip(ranks, ranks[1:] + [None]):
+        if rank != previous + 1:
+            runs.append(f"{start}-{previous}" if previous > start else f"{start}")
+            start = rank
+    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(runs)
 
 
 def _is_alive(process):

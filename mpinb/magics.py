@@ -14,6 +14,7 @@ from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
 from . import execute
 from .cluster import World
+from .launchers import LAUNCHERS, Placement
 from .live import CellStatus, LiveMetrics
 from .output import RankPrinter
 from .ranks import parse_ranks
@@ -31,7 +32,18 @@ class MPIMagics(Magics):
         help="mpiexec to launch with (name or path). Empty: the one beside this Python (mpich wheel), else PATH.",
     )
     mpiexec_args = List(Unicode(), config=True, help="Extra mpiexec arguments, e.g. ['--oversubscribe'].")
-    ip = Unicode("127.0.0.1", config=True, help="Address the controller listens on; loopback unless you ask.")
+    ip = Unicode("127.0.0.1", config=True,
+                 help="Address the controller listens on; loopback unless you ask (ranks on other hosts need one "
+                      "they can reach, or 0.0.0.0).")
+    launcher = Enum(list(LAUNCHERS), "mpi", config=True,
+                    help="How ranks start: mpi (mpiexec here), ssh (mpiexec over ssh to the hosts of hostfile), or "
+                         "a batch job running mpiexec: slurm, pbs, sge, lsf.")
+    hostfile = Unicode("", config=True, help="Hosts file for mpiexec (mpi and ssh launchers).")
+    partition = Unicode("", config=True, help="Batch launchers: the job's partition (queue).")
+    time_limit = Unicode("", config=True, help="Batch launchers: the job's time limit, e.g. 01:00:00.")
+    account = Unicode("", config=True, help="Batch launchers: the account the job is charged to.")
+    scheduler_args = List(Unicode(), config=True,
+                          help="Batch launchers: more job-script directives, e.g. ['--gres=gpu:1'].")
     start_timeout = Float(60.0, config=True, help="Seconds to wait for all ranks to come up.")
     heartbeat_ms = Integer(500, config=True, help="Controller-engine heartbeat period in milliseconds.")
     stream = Bool(True, config=True, help="Print rank output while the cell runs (else in rank order at the end).")
@@ -71,7 +83,9 @@ class MPIMagics(Magics):
 
         Usage::
 
-            %mpi start [-n N] [--mpiexec PATH] [--mpiexec-arg ARG ...]
+            %mpi start [-n N] [--mpiexec PATH] [--mpiexec-arg ARG ...] [--ip ADDRESS]
+                       [--launcher {mpi,ssh,slurm,pbs,sge,lsf}] [--hostfile FILE]
+                       [--partition P] [--time HH:MM:SS] [--account A] [--scheduler-arg ARG ...]
             %mpi stop
             %mpi restart [-n N]
             %mpi status
@@ -80,7 +94,10 @@ class MPIMagics(Magics):
             %mpi grads MODEL
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
-        per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``restart`` gives fresh processes
+        per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
+        lsf) submits a batch job of N tasks that runs that mpiexec inside its allocation; ``%mpi stop`` cancels
+        it. Ranks on other hosts need ``--ip``: the controller listens on loopback unless told otherwise.
+        ``restart`` gives fresh processes
         (every rank's variables are lost), of a new size with ``-n``. ``status`` lists rank, host, pid and
         state. ``output`` shows the last cell's output rank by rank. ``metrics`` shows the charts and per-rank
         table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
@@ -102,6 +119,7 @@ class MPIMagics(Magics):
             ...
             In [4]: %mpi start --mpiexec /usr/bin/mpiexec.openmpi --mpiexec-arg=--oversubscribe
             In [5]: %mpi stop
+            In [6]: %mpi start -n 64 --launcher slurm --partition gpu --time 1:00:00 --ip 0.0.0.0
         """
         args = _line_parser().parse_args(shlex.split(line))
         if args.command == "start":
@@ -110,7 +128,9 @@ class MPIMagics(Magics):
                     f"a {self.world.size}-rank world is already running: %mpi restart -n N replaces it, "
                     "%mpi stop ends it"
                 )
-            self.start(n=args.n, mpiexec=args.mpiexec, mpiexec_args=args.mpiexec_arg)
+            self.start(n=args.n, mpiexec=args.mpiexec, mpiexec_args=args.mpiexec_arg, ip=args.ip,
+                       launcher=args.launcher, hostfile=args.hostfile, partition=args.partition,
+                       time_limit=args.time, account=args.account, scheduler_args=args.scheduler_arg)
         elif args.command == "stop":
             self.stop()
         elif args.command == "restart":
@@ -198,16 +218,27 @@ class MPIMagics(Magics):
 
     # ------------------------------------------------------------------ plain methods the magics call
 
-    def start(self, *, n=None, mpiexec=None, mpiexec_args=None):
-        """Start a world of *n* ranks (``default_ranks`` if ``None``) and make it current."""
+    def start(self, *, n=None, mpiexec=None, mpiexec_args=None, ip=None, launcher=None, hostfile=None,
+              partition=None, time_limit=None, account=None, scheduler_args=None):
+        """Start a world of *n* ranks (``default_ranks`` if ``None``) and make it current; every other option
+        left ``None`` takes its ``MPIMagics`` setting."""
         n = self.default_ranks if n is None else n
         if n < 1:
             raise UsageError(f"-n must be at least 1, not {n}")
+        placement = Placement(
+            launcher=launcher or self.launcher,
+            hostfile=hostfile or self.hostfile or None,
+            partition=partition or self.partition or None,
+            time=time_limit or self.time_limit or None,
+            account=account or self.account or None,
+            scheduler_args=self.scheduler_args if scheduler_args is None else scheduler_args,
+        )
         world = World(
             n,
             mpiexec=mpiexec or self.mpiexec or None,
             mpiexec_args=self.mpiexec_args if mpiexec_args is None else mpiexec_args,
-            ip=self.ip,
+            placement=placement,
+            ip=ip or self.ip,
             heartbeat_ms=self.heartbeat_ms,
             start_timeout=self.start_timeout,
         )
@@ -380,6 +411,16 @@ def _line_parser():
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
     start.add_argument("--mpiexec", default=None, help="mpiexec to use, for a system MPI")
     start.add_argument("--mpiexec-arg", action="append", default=None, help="extra mpiexec argument (repeatable)")
+    start.add_argument("--ip", default=None,
+                       help="address the controller listens on (default loopback); ranks on other hosts need one")
+    start.add_argument("--launcher", default=None, type=str.lower,
+                       help=f"how ranks start: {', '.join(LAUNCHERS)} (default: MPIMagics.launcher, mpi)")
+    start.add_argument("--hostfile", default=None, help="hosts file for mpiexec (mpi and ssh launchers)")
+    start.add_argument("--partition", "--queue", default=None, help="batch job's partition (queue)")
+    start.add_argument("--time", default=None, help="batch job's time limit, e.g. 00:30:00")
+    start.add_argument("--account", default=None, help="account the batch job is charged to")
+    start.add_argument("--scheduler-arg", action="append", default=None,
+                       help="more job-script directives, e.g. --scheduler-arg=--gres=gpu:1 (repeatable)")
     commands.add_parser("stop", help="stop the world and every process it started")
     restart = commands.add_parser("restart", help="fresh processes, same size unless -n")
     restart.add_argument("-n", type=int, default=None, help="new number of ranks")

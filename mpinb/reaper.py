@@ -2,13 +2,16 @@
 
 Started by :class:`~mpinb.cluster.World` in a session of its own, so a kill of the kernel's process group does
 not take it along. It ends only the processes it was given, each checked by pid *and* start time, and exits as
-soon as they are all gone or the world is stopped normally.
+soon as they are all gone or the world is stopped normally. A world in a batch job also gives the command that
+cancels the job (``--cancel "scancel 1234"``), run when the kernel dies.
 
-    python -m mpinb.reaper KERNEL_PID STATUS_DIR PID:START_TIME [PID:START_TIME ...]
+    python -m mpinb.reaper [--cancel COMMAND] KERNEL_PID STATUS_DIR PID:START_TIME [PID:START_TIME ...]
 """
 
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import time
 
@@ -18,6 +21,9 @@ from .rank.stacks import stack_path, stderr_path
 
 
 def main(argv):
+    cancel = None
+    if argv[0] == "--cancel":
+        cancel, argv = shlex.split(argv[1]), argv[2:]
     watched, status_dir = int(argv[0]), argv[1]
     processes = []
     for item in argv[2:]:
@@ -30,6 +36,9 @@ def main(argv):
             processes.append(process)
     while psutil.pid_exists(watched) and any(p.is_running() for p in processes):
         time.sleep(0.5)
+    if cancel and not psutil.pid_exists(watched):
+        subprocess.run(cancel, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=60, check=False)
     signal_all(processes, "terminate")
     end_processes(processes, grace=3)
     remove_world_files(status_dir, [process.pid for process in processes])

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -69,8 +70,9 @@ def test_status_as_text_in_a_terminal(ip, world_of, capsys):
     out = capsys.readouterr().out
     assert "MPI world of 2 ranks (MPICH" in out
     lines = out[out.index("MPI world of 2 ranks (MPICH"):].strip().splitlines()
-    assert lines[1].split() == ["rank", "host", "pid", "state"]
-    for rank, line in zip(world.ranks, lines[2:]):
+    assert lines[1] == f"{socket.gethostname()}: ranks 0-1"  # which ranks run on which host
+    assert lines[2].split() == ["rank", "host", "pid", "state"]
+    for rank, line in zip(world.ranks, lines[3:]):
         assert line.split() == [str(rank), world.identities[rank]["host"], str(world.identities[rank]["pid"]), "idle"]
 
 

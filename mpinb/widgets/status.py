@@ -1,5 +1,7 @@
 """``%mpi status`` as a table widget in a notebook and as aligned text in a terminal."""
 
+import html
+
 from .text import aligned
 
 COLUMNS = ("rank", "host", "pid", "state")
@@ -27,4 +29,5 @@ def status_widget(rows, header):
                 cells.append(w.Label(value))
     grid = w.GridBox(cells, layout=w.Layout(grid_template_columns=f"repeat({len(COLUMNS)}, max-content)",
                                             grid_gap="2px 24px"))
-    return w.VBox([w.HTML(f"<b>{header}</b>"), grid])
+    heading = "<br>".join(html.escape(line) for line in header.splitlines())
+    return w.VBox([w.HTML(f"<b>{heading}</b>"), grid])

@@ -1,0 +1,255 @@
+"""Where a world's ranks run: one ``mpiexec`` on this host (``mpi``, ``ssh``), or one inside a batch job.
+
+Every launcher starts the ranks with a single ``mpiexec -n N``, so they form one MPI world whatever starts
+them. The batch launchers are ipyparallel's own (``sbatch``/``scancel``, ``qsub``/``qdel``, ``bsub``/``bkill``);
+mpinb only writes the job script: the scheduler's directives for N tasks, then ``mpiexec`` inside the job, which
+finds the job's nodes itself (MPICH's Hydra and Open MPI both read Slurm's, PBS's and LSF's allocations).
+"""
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+
+from IPython.core.error import UsageError
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """A batch system: the directive prefix of its job scripts and the directives mpinb writes."""
+
+    name: str
+    prefix: str
+    tasks: str  # directive asking for {n} MPI tasks
+    queue: str
+    time: str
+    account: str
+    submit: str  # the command that submits, to say what is missing when it is not installed
+    header: tuple  # job name, output file, and the notebook's environment passed on
+
+
+SCHEDULERS = {
+    "slurm": Scheduler("Slurm", "#SBATCH", "--ntasks={n}", "--partition={}", "--time={}", "--account={}",
+                       "sbatch", ("--job-name=mpinb-{cluster_id}", "--output={output_file}", "--export=ALL")),
+    "pbs": Scheduler("PBS", "#PBS", "-l select={n}:ncpus=1:mpiprocs=1", "-q {}", "-l walltime={}", "-A {}",
+                     "qsub", ("-N mpinb", "-j oe", "-o {output_file}", "-V")),
+    "sge": Scheduler("Grid Engine", "#$", "-pe mpi {n}", "-q {}", "-l h_rt={}", "-A {}", "qsub",
+                     ("-N mpinb", "-j y", "-o {output_file}", "-V", "-S /bin/sh")),
+    "lsf": Scheduler("LSF", "#BSUB", "-n {n}", "-q {}", "-W {}", "-P {}", "bsub",
+                     ("-J mpinb-{cluster_id}", "-o {output_file}")),
+}
+LOCAL = ("mpi", "ssh")
+LAUNCHERS = LOCAL + tuple(SCHEDULERS)
+# ipyparallel launchers that start engines one by one: they cannot make one MPI world
+_NOT_MPI = ("local", "sshproxy", "winhpc", "htcondor", "batch")
+
+
+@dataclass
+class Placement:
+    """How and where to start a world's ranks (everything ``%mpi start`` takes beyond ``-n``).
+
+    Parameters
+    ----------
+    launcher : str, default ``"mpi"``
+        ``mpi``: ``mpiexec`` on this host (with *hostfile*, also on the hosts listed there). ``ssh``: the same,
+        with *hostfile* required: mpiexec reaches its hosts over ssh. ``slurm``, ``pbs``, ``sge``, ``lsf``: a
+        batch job of N tasks that runs ``mpiexec`` inside its allocation.
+    hostfile : str, optional
+        Hosts for ``mpiexec`` (``mpiexec --hostfile``: one host per line, ``host:slots`` for MPICH).
+    partition, time, account : str, optional
+        The job's partition (queue), time limit (``HH:MM:SS``) and account, for a batch launcher.
+    scheduler_args : list of str, default ``[]``
+        More directives for the job script, each as on the command line (``--gres=gpu:1``, ``-l mem=4gb``).
+    """
+
+    launcher: str = "mpi"
+    hostfile: str = None
+    partition: str = None
+    time: str = None
+    account: str = None
+    scheduler_args: tuple = ()
+
+    def __post_init__(self):
+        self.launcher = (self.launcher or "mpi").lower()
+        self.scheduler_args = list(self.scheduler_args or ())
+        if self.launcher in _NOT_MPI:
+            raise UsageError(
+                f"ipyparallel's {self.launcher!r} launcher starts engines one by one, so they would not form "
+                f"one MPI world; use one of: {', '.join(LAUNCHERS)}"
+            )
+        if self.launcher not in LAUNCHERS:
+            raise UsageError(f"unknown launcher {self.launcher!r}; choose one of: {', '.join(LAUNCHERS)}")
+        if self.launcher == "ssh" and not self.hostfile:
+            raise UsageError("--launcher ssh needs --hostfile FILE: the hosts mpiexec starts ranks on over ssh")
+        if self.hostfile:
+            self.hostfile = os.path.abspath(os.path.expanduser(self.hostfile))
+            if not os.path.isfile(self.hostfile):
+                raise UsageError(f"hostfile not found: {self.hostfile}")
+        asked = [name for name in ("partition", "time", "account") if getattr(self, name)]
+        if self.scheduler_args:
+            asked.append("scheduler_args")
+        if asked and self.scheduler is None:
+            raise UsageError(f"{', '.join(asked)} only mean something to a batch launcher "
+                             f"(--launcher {'|'.join(SCHEDULERS)}), not to {self.launcher!r}")
+
+    @property
+    def scheduler(self):
+        return SCHEDULERS.get(self.launcher)
+
+    @property
+    def batch(self):
+        return self.scheduler is not None
+
+    def describe(self):
+        """How the ranks were placed, for ``%mpi status`` (``""`` for plain mpiexec here)."""
+        if self.batch:
+            extra = ", ".join(f"{name} {getattr(self, name)}" for name in ("partition", "time", "account")
+                              if getattr(self, name))
+            return f"{self.scheduler.name} job" + (f" ({extra})" if extra else "")
+        return f"hosts from {self.hostfile}" if self.hostfile else ""
+
+    def check(self):
+        """Raise a ``UsageError`` when the scheduler's submit command is not here."""
+        if self.scheduler is not None and shutil.which(self.scheduler.submit) is None:
+            raise UsageError(f"{self.scheduler.submit} not found: --launcher {self.launcher} submits with it; run "
+                             f"the notebook on a host of the {self.scheduler.name} cluster (a login node)")
+
+    def remote_hosts(self):
+        """Hosts of *hostfile* other than this one (their ranks need a controller they can reach)."""
+        if not self.hostfile:
+            return []
+        hosts = []
+        with open(self.hostfile) as listing:
+            for line in listing:
+                host = line.split("#")[0].strip().split(":")[0].split()[:1]
+                if host and not is_this_host(host[0]):
+                    hosts.append(host[0])
+        return hosts
+
+    def configure(self, config, *, n, mpiexec, mpiexec_args, engine_cmd, environment, workdir):
+        """Fill ipyparallel's *config* for this launcher; return the engine launcher's name for ``Cluster``.
+
+        A batch launcher's job script is written to *workdir* (the job itself runs in the notebook's directory,
+        as local ranks do)."""
+        args = list(mpiexec_args) + (["--hostfile", self.hostfile] if self.hostfile else [])
+        if not self.batch:
+            config.MPILauncher.mpi_cmd = [mpiexec]
+            config.MPILauncher.mpi_args = args
+            config.MPIEngineSetLauncher.engine_cmd = engine_cmd
+            config.MPIEngineSetLauncher.environment = environment
+            return "mpi"
+        launcher = _batch_launcher(self.launcher)
+        section = getattr(config, launcher.__mro__[1].__name__)
+        section.engine_cmd = engine_cmd
+        section.environment = environment
+        section.batch_template = self.job_script(mpiexec=mpiexec, mpiexec_args=args)
+        section.batch_file_name = os.path.join(workdir, "job.sh")
+        return launcher
+
+    def job_script(self, *, mpiexec, mpiexec_args):
+        """The batch script template: directives, then one ``mpiexec -n {n}`` of the engines.
+
+        ``{n}``, ``{cluster_id}``, ``{output_file}`` and ``{program_and_args}`` are filled in by ipyparallel;
+        braces in the user's own values are escaped.
+        """
+        s = self.scheduler
+        directives = [s.tasks, *s.header]
+        for name in ("partition", "time", "account"):
+            value = getattr(self, name)
+            if value:
+                template = s.queue if name == "partition" else getattr(s, name)
+                directives.append(template.format(_escape(value)))
+        directives += [_escape(arg) for arg in self.scheduler_args]
+        command = " ".join(shlex.quote(_escape(word)) for word in [mpiexec, "-n"]) + " {n} "
+        command += " ".join(shlex.quote(_escape(word)) for word in mpiexec_args)
+        lines = ["#!/bin/sh", *(f"{s.prefix} {d}" for d in directives), f"exec {command} {{program_and_args}}"]
+        return "\n".join(lines) + "\n"
+
+
+def _batch_launcher(name):
+    """ipyparallel's engine-set launcher called *name*, saying why when the scheduler refuses the job.
+
+    ipyparallel runs ``sbatch``/``qsub``/``scancel`` with ``check_output``: the scheduler's reason (``invalid
+    partition specified``) would go to the kernel's own stderr, which the notebook never shows.
+    """
+    from ipyparallel.cluster.launcher import find_launcher_class
+
+    base = find_launcher_class(name, "engine")
+
+    class Launcher(base):
+        entrypoint_name = name
+
+        def _run_command(self, command, **kwargs):
+            self.log.debug("Running command: %s", shlex.join(command))
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=120, **kwargs)
+            said = done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}"
+            if done.returncode != 0 and command[:1] != self.delete_command[:1]:
+                raise UsageError(f"{command[0]} refused the job: {said}")
+            if done.returncode != 0:  # cancelling a job that has already ended: nothing left to do
+                self.log.debug("%s: %s", command[0], said)
+            return done.stdout
+
+    Launcher.__name__ = Launcher.__qualname__ = f"Reporting{base.__name__}"
+    return Launcher
+
+
+def _escape(text):
+    return str(text).replace("{", "{{").replace("}", "}}")
+
+
+def is_this_host(host):
+    """Whether *host* names this machine (its name, ``localhost``, or one of its addresses)."""
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()) or host.startswith("127."):
+        return True
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return False
+    return address.startswith("127.") or address in _addresses()
+
+
+def _addresses():
+    import psutil
+
+    return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+
+
+class SlurmJob:
+    """The state of a submitted Slurm job, read with ``squeue``."""
+
+    def __init__(self, job_id):
+        self.job_id = str(job_id)
+
+    def state(self):
+        """``(state, nodes or reason)``, e.g. ``("RUNNING", "vm")`` or ``("PENDING", "(Resources)")``;
+        ``(None, "")`` once the job has left the queue."""
+        try:
+            done = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T|%R"], capture_output=True,
+                                  text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return "UNKNOWN", ""
+        line = done.stdout.strip()
+        if done.returncode != 0 or not line:
+            return None, ""
+        state, _, where = line.partition("|")
+        return state, where
+
+    def nodes(self):
+        """The job's hosts, expanded (``scontrol show hostnames``)."""
+        _, where = self.state()
+        done = subprocess.run(["scontrol", "show", "hostnames", where], capture_output=True, text=True, timeout=30)
+        return done.stdout.split()
+
+    def wait_gone(self, timeout):
+        """Wait up to *timeout* s for the job to leave the queue; return whether it did."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while self.state()[0] is not None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True

@@ -1,0 +1,206 @@
+"""A real single-node Slurm on this machine for the tests: ``munged``, ``slurmctld`` and ``slurmd`` started as
+processes the tests own, configured in a directory of their own, and stopped by pid.
+
+Debian's ``slurm-wlm`` and ``munge`` are installed first when missing (through sudo when not root). Nothing
+in /etc or /run is used: the munge key and socket, Slurm's state, spool, logs and pid files all live in the
+cluster's directory, and every Slurm command finds the configuration through ``SLURM_CONF``.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+PACKAGES = ("slurm-wlm", "munge")
+SBIN = "/usr/sbin:/sbin"
+
+SLURM_CONF = """\
+ClusterName=mpinb-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge/munge.sock
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={root}/run/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+# 4 CPUs on a 2-core machine: ranks mostly wait on each other
+SlurmdParameters=config_overrides
+ReturnToService=2
+MailProg=/bin/true
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+NodeName={host} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def install():
+    """``apt-get install slurm-wlm munge`` when ``slurmctld`` or ``munged`` is missing."""
+    if all(which(daemon) for daemon in ("munged", "slurmctld", "slurmd", "sbatch")):
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run([*sudo, "apt-get", "update", "-qq"], check=True, env=env, timeout=600)
+    subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", *PACKAGES], check=True, env=env, timeout=900,
+                   stdout=subprocess.DEVNULL)
+
+
+def which(name):
+    return shutil.which(name, path=f"{os.environ.get('PATH', '')}:{SBIN}")
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class SlurmCluster:
+    """One node (this host, as ``hostname -s`` names it), one partition ``debug``, 4 CPUs; a context manager.
+
+    ``env`` holds what a client needs (``SLURM_CONF``); ``squeue()`` lists the jobs in the queue.
+    """
+
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="mpinb-slurm-"))
+        self.root.chmod(0o755)  # munged wants its socket's directory searchable by everyone
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = self.root / "slurm.conf"
+        self.env = {"SLURM_CONF": str(self.conf)}
+        self.processes = {}
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self, timeout=60):
+        install()
+        for sub in ("munge", "state", f"spool/{self.host}", "log", "run"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "munge").chmod(0o755)
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        self.conf.write_text(SLURM_CONF.format(host=self.host, root=self.root, ctld_port=_free_port(),
+                                               slurmd_port=_free_port(), user=_user()))
+        munge = self.root / "munge"
+        try:
+            self._daemon("munged", "-F", f"--key-file={key}", f"--socket={munge}/munge.sock",
+                         f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+                         f"--seed-file={munge}/munged.seed")
+            self._wait(lambda: (munge / "munge.sock").exists(), timeout, "munged to open its socket")
+            self._daemon("slurmctld", "-D", "-i", "-f", str(self.conf))
+            self._daemon("slurmd", "-D", "-f", str(self.conf))
+            self._wait(self._node_idle, timeout, "the node to become idle")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def command(self, *args, timeout=30):
+        """Run a Slurm client command against this cluster; its stdout."""
+        done = subprocess.run([which(args[0]) or args[0], *args[1:]], capture_output=True, text=True,
+                              env={**os.environ, **self.env}, timeout=timeout)
+        return done.stdout
+
+    def squeue(self):
+        """``[(job id, name, state)]`` of every job in the queue."""
+        lines = self.command("squeue", "-h", "-o", "%i|%j|%T").splitlines()
+        return [tuple(line.split("|")) for line in lines if line.strip()]
+
+    def stop(self):
+        """Cancel what is queued, wait for the job steps to end, then stop the daemons this object started."""
+        if "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:
+            jobs = [job for job, *_ in self.squeue()]
+            if jobs:
+                self.command("scancel", *jobs)
+            self._wait(lambda: not self.squeue() and not self._step_sockets(), 30, "the queue to empty",
+                       fail=False)
+        for name in ("slurmd", "slurmctld", "munged"):
+            daemon = self.processes.pop(name, None)
+            if daemon is None or daemon.poll() is not None:
+                continue
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def daemon_pids(self):
+        return [daemon.pid for daemon in self.processes.values()]
+
+    # ---------------------------------------------------------------- internals
+
+    def _daemon(self, name, *args):
+        path = which(name)
+        log = open(self.root / "log" / f"{name}.stdout", "wb")
+        with log:
+            self.processes[name] = subprocess.Popen([path, *args], stdin=subprocess.DEVNULL, stdout=log,
+                                                    stderr=subprocess.STDOUT, env={**os.environ, **self.env})
+
+    def _node_idle(self):
+        for name, daemon in self.processes.items():
+            if daemon.poll() is not None:
+                log = (self.root / "log" / f"{name}.stdout").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited ({daemon.returncode}) while Slurm started:\n{log}")
+        return self.command("sinfo", "-h", "-o", "%t").strip() == "idle"
+
+    def _step_sockets(self):
+        spool = self.root / "spool" / self.host
+        return [path for path in spool.glob("*") if path.is_socket()]
+
+    def _wait(self, ready, timeout, what, fail=True):
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                if fail:
+                    raise TimeoutError(f"waited {timeout} s for {what}; logs in {self.root / 'log'}")
+                return False
+            time.sleep(0.1)
+        return True
+
+
+def _user():
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def leftover_steps(since, timeout=10):
+    """``slurmstepd`` processes started after *since* still running after *timeout* s (they outlive slurmd when
+    a job is not ended first). Exited ones waiting for init to reap them are not counted."""
+    steps = [p for p in psutil.process_iter(["name", "create_time"])
+             if p.info["name"] and p.info["name"].startswith("slurmstepd") and p.info["create_time"] >= since]
+    _, alive = psutil.wait_procs(steps, timeout=timeout)
+    running = []
+    for step in alive:
+        try:
+            if step.status() != psutil.STATUS_ZOMBIE:
+                running.append(step)
+        except psutil.NoSuchProcess:
+            pass
+    return running

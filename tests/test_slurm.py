@@ -1,0 +1,142 @@
+"""Worlds started through a real Slurm (``tests/slurm_cluster.py``: munged, slurmctld and slurmd on this host)."""
+
+import json
+import os
+import socket
+import stat
+import time
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from mpinb.channel import reachable_address
+from slurm_cluster import SlurmCluster, leftover_steps
+
+from conftest import leftover_ranks
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    since = time.time()
+    with SlurmCluster() as cluster:
+        saved = {name: os.environ.get(name) for name in cluster.env}
+        os.environ.update(cluster.env)
+        try:
+            yield cluster
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        daemons = cluster.daemon_pids()
+    assert not [pid for pid in daemons if psutil.pid_exists(pid)], "a Slurm daemon outlived the tests"
+    assert not leftover_steps(since)
+
+
+@pytest.fixture
+def no_world(ip, magics):
+    """The shared shell with no world running (other tests leave theirs up), and none left afterwards."""
+    if magics.world is not None and magics.world.running:
+        ip.run_line_magic("mpi", "stop")
+    yield
+    if magics.world is not None and magics.world.running:
+        ip.run_line_magic("mpi", "stop")
+
+
+def listening_addresses(pid):
+    """The addresses a process listens on (TCP)."""
+    return {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_a_world_in_a_slurm_job(ip, magics, mpi, slurm, no_world, capsys):
+    since = time.time()
+    ip.run_line_magic("mpi", "start -n 2 --launcher slurm --partition debug --time 00:10:00 "
+                             "--scheduler-arg=--comment=mpinb-test")
+    world = magics.world
+    job = world.job.job_id
+    [(queued, name, state)] = slurm.squeue()
+    assert (queued, state) == (job, "RUNNING") and name.startswith("mpinb-")
+    details = slurm.command("scontrol", "show", "job", job)
+    assert "NumTasks=2" in details and "Partition=debug" in details and "TimeLimit=00:10:00" in details
+    assert "Comment=mpinb-test" in details
+
+    # every rank runs inside the job, and the ranks still form one MPI world
+    values = mpi("import os\n"
+                 "slurm = {k: v for k, v in os.environ.items() if k.startswith('SLURM_')}\n"
+                 "total = comm.allreduce(rank + 1)", "--gather slurm total")
+    assert values is None
+    slurm_env, total = ip.user_ns["slurm"], ip.user_ns["total"]
+    assert dict(total) == {0: 3, 1: 3}
+    for rank in (0, 1):
+        assert slurm_env[rank]["SLURM_JOB_ID"] == job
+        assert slurm_env[rank]["SLURM_JOB_PARTITION"] == "debug"
+        assert slurm_env[rank]["SLURM_JOB_NODELIST"] == slurm.host
+        assert "SLURM_STEP_ID" in slurm_env[rank]  # started as a job step (mpiexec bootstraps with srun)
+
+    # the rank -> host mapping, and the job, in %mpi status
+    ip.run_line_magic("mpi", "status")
+    out = capsys.readouterr().out
+    assert f"in Slurm job {job} (partition debug, time 00:10:00)" in out
+    assert f"{socket.gethostname()}: ranks 0-1" in out
+
+    # the controller and the cell channel stay on loopback unless --ip says otherwise; files are owner-only
+    controller = world.cluster.controller.process.pid
+    assert listening_addresses(controller) == {"127.0.0.1"}
+    assert world.channel.cells_url.startswith("tcp://127.0.0.1:")
+    security = os.path.join(world.cluster.profile_dir, "security")
+    files = [os.path.join(security, f) for f in os.listdir(security) if world.cluster.cluster_id in f]
+    assert len(files) == 2
+    for path in files:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+        assert json.load(open(path))["key"]  # messages are signed with the world's key
+    ranks = [world.identities[rank]["pid"] for rank in world.ranks]
+
+    ip.run_line_magic("mpi", "stop")
+    assert slurm.squeue() == []  # %mpi stop cancelled the job
+    assert not [pid for pid in ranks if psutil.pid_exists(pid)]
+    assert leftover_ranks(since) == []
+    assert not [f for f in files if os.path.exists(f)]
+
+
+def test_controller_beyond_loopback_only_when_asked(ip, magics, mpi, slurm, no_world):
+    address = reachable_address()
+    assert not address.startswith("127.")
+    ip.run_line_magic("mpi", f"start -n 2 --launcher slurm --ip {address}")
+    world = magics.world
+    assert listening_addresses(world.cluster.controller.process.pid) == {address}
+    assert world.channel.cells_url.startswith(f"tcp://{address}:")
+    assert mpi("comm.allreduce(rank)") == {0: 1, 1: 1}
+    ip.run_line_magic("mpi", "stop")
+    assert slurm.squeue() == []
+
+
+def test_a_job_the_scheduler_refuses_says_why_and_leaves_nothing(ip, magics, slurm, no_world):
+    since = time.time()
+    with pytest.raises(UsageError, match="sbatch refused the job: sbatch: error: invalid partition specified: nosuch"):
+        ip.run_line_magic("mpi", "start -n 2 --launcher slurm --partition nosuch")
+    assert magics.world is None or not magics.world.running
+    assert slurm.squeue() == []
+    assert leftover_ranks(since) == []
+
+
+def test_a_job_larger_than_the_cluster_is_refused(ip, magics, slurm, no_world):
+    # sbatch accepts it, and it would wait in the queue for ever
+    with pytest.raises(UsageError, match=r"Slurm will not run job \d+ as asked \(PartitionConfig\): the partition "
+                                         "cannot give that many tasks"):
+        ip.run_line_magic("mpi", "start -n 64 --launcher slurm")
+    assert slurm.squeue() == []
+
+
+def test_scheduler_options_need_a_batch_launcher(ip, no_world):
+    with pytest.raises(UsageError, match="partition only mean something to a batch launcher"):
+        ip.run_line_magic("mpi", "start -n 2 --partition debug")
+    with pytest.raises(UsageError, match="one by one"):
+        ip.run_line_magic("mpi", "start -n 2 --launcher local")
+    with pytest.raises(UsageError, match="unknown launcher 'slurmm'; choose one of: mpi, ssh, slurm"):
+        ip.run_line_magic("mpi", "start -n 2 --launcher slurmm")
+    with pytest.raises(UsageError, match="--launcher ssh needs --hostfile"):
+        ip.run_line_magic("mpi", "start -n 2 --launcher ssh")
