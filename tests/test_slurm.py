@@ -14,6 +14,7 @@ from mpinb.channel import reachable_address
 from slurm_cluster import SlurmCluster, leftover_steps
 
 from conftest import leftover_ranks
+from test_export import TRAINING, export, final_loss, training_notebook
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
@@ -140,3 +141,27 @@ def test_scheduler_options_need_a_batch_launcher(ip, no_world):
         ip.run_line_magic("mpi", "start -n 2 --launcher slurmm")
     with pytest.raises(UsageError, match="--launcher ssh needs --hostfile"):
         ip.run_line_magic("mpi", "start -n 2 --launcher ssh")
+
+
+def test_an_exported_notebook_runs_as_a_slurm_job_with_the_same_loss(ip, magics, mpi, slurm, no_world, tmp_path):
+    """The training notebook's cells through a Slurm-launched world, then its export submitted with sbatch."""
+    ip.run_line_magic("mpi", "start -n 2 --launcher slurm")
+    for cell in TRAINING:
+        first, _, body = cell.source.partition("\n")
+        if first.startswith("%%mpi"):
+            mpi(body, first[len("%%mpi"):].strip())
+    in_notebook = ip.user_ns["final"][0]
+    ip.run_line_magic("mpi", "stop")
+
+    notebook = training_notebook(tmp_path / "train.ipynb")
+    done = export(notebook, "-o", str(tmp_path / "train.py"), "--sbatch", str(tmp_path / "train.sbatch"),
+                  "--partition", "debug", "--time", "00:05:00")
+    assert done.returncode == 0, done.stderr
+    job = slurm.command("sbatch", "--parsable", f"--chdir={tmp_path}", str(tmp_path / "train.sbatch")).strip()
+    assert job.isdigit()
+    deadline = time.monotonic() + 120
+    while slurm.squeue() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm.squeue() == []
+    output = (tmp_path / f"train-{job}.out").read_text()
+    assert final_loss(output) == in_notebook, output

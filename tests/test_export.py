@@ -1,0 +1,140 @@
+"""``mpinb export``: a notebook's %%mpi cells as a script that plain ``mpiexec`` runs with the same results."""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from mpinb import read_metrics
+from mpinb.preflight import default_mpiexec
+
+from conftest import leftover_ranks
+
+TRAINING = [
+    new_markdown_cell("# Data-parallel training, exported"),
+    new_code_cell("%load_ext mpinb"),
+    new_code_cell("%mpi start -n 2"),
+    new_code_cell("%%mpi\n"
+                  "import torch\n"
+                  "import mpinb\n"
+                  "from mpinb.torch import allreduce_gradients, broadcast_parameters\n"
+                  "torch.set_num_threads(1)\n"
+                  "g = torch.Generator().manual_seed(0)\n"
+                  "X = torch.randn(512, 8, generator=g)\n"
+                  "Y = X @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(512, 1, generator=g)\n"
+                  "torch.manual_seed(1 + rank)  # ranks start apart; broadcast_parameters aligns them\n"
+                  "model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))\n"
+                  "broadcast_parameters(model)\n"
+                  "opt = torch.optim.SGD(model.parameters(), lr=0.05)"),
+    new_code_cell("%%mpi --gather final\n"
+                  "for step in range(40):\n"
+                  "    mine = torch.arange(rank, 512, size)[step % 4::4]\n"
+                  "    loss = torch.nn.functional.mse_loss(model(X[mine]), Y[mine])\n"
+                  "    opt.zero_grad()\n"
+                  "    loss.backward()\n"
+                  "    allreduce_gradients(model)\n"
+                  "    opt.step()\n"
+                  "    mpinb.report(step=step, loss=loss)\n"
+                  "final = comm.allreduce(loss.item()) / size\n"
+                  "if rank == 0:\n"
+                  "    print(f'final loss {final!r}')"),
+    new_code_cell("import mpinb\n"
+                  "losses = mpinb.metrics().query(\"name == 'loss'\").groupby('rank')['value'].apply(list)\n"
+                  "print(repr(final[0]))\n"
+                  "print(repr(losses.to_dict()))"),
+    new_code_cell("%%mpi --ranks 1\nprint(f'rank {rank} of {size} says goodbye')"),
+    new_code_cell("%mpi stop"),
+]
+
+
+def training_notebook(path):
+    nbformat.write(new_notebook(cells=TRAINING, metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                                         "display_name": "Python 3"}}), path)
+    return path
+
+
+def mpinb_command():
+    """The ``mpinb`` console script installed beside this Python."""
+    return str(Path(sys.executable).with_name("mpinb"))
+
+
+def export(notebook, *args):
+    return subprocess.run([mpinb_command(), "export", str(notebook), *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def final_loss(text):
+    return float(re.search(r"final loss (\S+)", text).group(1))
+
+
+@pytest.mark.notebook
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_exported_training_gives_the_notebooks_loss(tmp_path):
+    notebook = training_notebook(tmp_path / "train.ipynb")
+    started = time.time()
+    executed = nbformat.read(notebook, as_version=4)
+    client = NotebookClient(executed, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    assert not leftover_ranks(since=started)
+    code = [cell for cell in executed.cells if cell.cell_type == "code"]
+    text = ["".join(out.get("text", "") for out in cell.outputs) for cell in code]
+    assert "[rank 1] rank 1 of 2 says goodbye" in text[5]
+    in_notebook = final_loss(text[3])
+    gathered, losses = text[4].splitlines()
+    assert float(gathered) == in_notebook  # --gather brought it into the notebook too
+    losses = ast.literal_eval(losses)  # every loss each rank reported, from mpinb.metrics()
+    assert sorted(losses) == [0, 1] and len(losses[0]) == 40
+
+    done = export(notebook, "-o", str(tmp_path / "train.py"), "--sbatch", str(tmp_path / "train.sbatch"))
+    assert done.returncode == 0, done.stderr
+    assert "wrote" in done.stdout
+    script = (tmp_path / "train.py").read_text()
+    assert "# ---- cell 3 runs in the notebook only (left out):\n# %mpi start -n 2" in script
+    assert "# (--gather final: the values stay on each rank)" in script
+    assert "if rank in __import__('mpinb.ranks'" in script
+    assert "get_ipython" not in script
+
+    env = dict(os.environ, MPINB_METRICS_FILE=str(tmp_path / "metrics-{rank}.jsonl"), MPINB_REPORT_EVERY="0")
+    run = subprocess.run([default_mpiexec(), "-n", "2", sys.executable, "train.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    assert final_loss(run.stdout) == in_notebook  # same seed, same arithmetic: the same number
+    assert "rank 1 of 2 says goodbye" in run.stdout
+    frame = read_metrics(str(tmp_path / "metrics-*.jsonl"))
+    assert frame.query("name == 'loss'").groupby("rank")["value"].apply(list).to_dict() == losses
+
+    job = (tmp_path / "train.sbatch").read_text()
+    assert "#SBATCH --ntasks=2\n" in job
+    assert f"{default_mpiexec()} -n $SLURM_NTASKS {sys.executable} {tmp_path / 'train.py'}" in job
+
+
+def test_export_stops_at_ipython_syntax_and_names_the_cell(tmp_path):
+    notebook = tmp_path / "magic.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("%load_ext mpinb"),
+                                       new_code_cell("%%mpi\nx = 1\n%timeit x + 1")]), notebook)
+    done = export(notebook, "-o", str(tmp_path / "out.py"))
+    assert done.returncode == 2
+    assert "cell 2 line 2 is IPython syntax, which a script cannot run: '%timeit x + 1'" in done.stderr
+    assert not (tmp_path / "out.py").exists()
+
+
+def test_export_needs_an_mpi_cell_and_a_size_for_the_job(tmp_path):
+    notebook = tmp_path / "plain.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print(1)")]), notebook)
+    done = export(notebook, "-o", str(tmp_path / "out.py"))
+    assert done.returncode == 2 and "plain.ipynb has no %%mpi cell" in done.stderr
+    nbformat.write(new_notebook(cells=[new_code_cell("%%mpi\nprint(rank)")]), notebook)
+    done = export(notebook, "-o", str(tmp_path / "out.py"), "--sbatch", str(tmp_path / "job.sbatch"))
+    assert done.returncode == 2 and "add -n N" in done.stderr
+    done = export(notebook, "-o", str(tmp_path / "out.py"), "--sbatch", str(tmp_path / "job.sbatch"), "-n", "3")
+    assert done.returncode == 0 and "#SBATCH --ntasks=3" in (tmp_path / "job.sbatch").read_text()
