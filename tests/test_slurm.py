@@ -115,6 +115,14 @@ def test_controller_beyond_loopback_only_when_asked(ip, magics, mpi, slurm, no_w
     assert slurm.squeue() == []
 
 
+def test_srun_in_place_of_mpiexec(ip, magics, mpi, slurm, no_world):
+    """srun --mpi=pmi2 starts the ranks itself (Slurm's PMI); they still form one world, one task each."""
+    ip.run_line_magic("mpi", "start -n 2 --launcher slurm --mpiexec srun --mpiexec-arg=--mpi=pmi2")
+    assert mpi("import os\n(comm.allreduce(rank), os.environ['SLURM_PROCID'])") == {0: (1, "0"), 1: (1, "1")}
+    ip.run_line_magic("mpi", "stop")
+    assert slurm.squeue() == []
+
+
 def test_a_job_the_scheduler_refuses_says_why_and_leaves_nothing(ip, magics, slurm, no_world):
     since = time.time()
     with pytest.raises(UsageError, match="sbatch refused the job: sbatch: error: invalid partition specified: nosuch"):
@@ -165,3 +173,36 @@ def test_an_exported_notebook_runs_as_a_slurm_job_with_the_same_loss(ip, magics,
     assert slurm.squeue() == []
     output = (tmp_path / f"train-{job}.out").read_text()
     assert final_loss(output) == in_notebook, output
+
+
+def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm):
+    """SIGKILL the kernel (no atexit, no %mpi stop): its watcher cancels the job."""
+    from jupyter_client import KernelManager
+
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    outputs = []
+    try:
+        client.wait_for_ready(timeout=60)
+        reply = client.execute_interactive(
+            "%load_ext mpinb\n%mpi start -n 2 --launcher slurm\n"
+            "world = get_ipython().magics_manager.registry['MPIMagics'].world\n"
+            "print('JOB', world.job.job_id, *[world.identities[r]['pid'] for r in world.ranks])",
+            timeout=120, output_hook=outputs.append)
+        assert reply["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+    text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    job, *ranks = text.split("JOB", 1)[1].split()
+    assert [queued for queued, *_ in slurm.squeue()] == [job]
+    manager.shutdown_kernel(now=True)  # SIGKILL
+    deadline = time.monotonic() + 30
+    while slurm.squeue() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slurm.squeue() == []
+    assert "JobState=CANCELLED" in slurm.command("scontrol", "show", "job", job)  # not ended by its ranks dying
+    _, alive = psutil.wait_procs([psutil.Process(int(pid)) for pid in ranks if psutil.pid_exists(int(pid))],
+                                 timeout=10)
+    assert not alive
