@@ -206,3 +206,30 @@ def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm):
     _, alive = psutil.wait_procs([psutil.Process(int(pid)) for pid in ranks if psutil.pid_exists(int(pid))],
                                  timeout=10)
     assert not alive
+
+
+def test_time_in_the_queue_does_not_count_against_start_timeout(ip, magics, mpi, slurm, no_world, monkeypatch):
+    blocker = slurm.command("sbatch", "--parsable", "-n", "4", "--wrap", "sleep 6").strip()  # the whole node
+    monkeypatch.setattr(magics, "start_timeout", 4.0)
+    tic = time.monotonic()
+    ip.run_line_magic("mpi", "start -n 2 --launcher slurm")
+    assert time.monotonic() - tic > 4  # it waited behind the blocker, longer than start_timeout
+    assert mpi("rank") == {0: 0, 1: 1}
+    ip.run_line_magic("mpi", "stop")
+    assert blocker not in [job for job, *_ in slurm.squeue()]
+
+
+def test_interrupting_a_queued_start_cancels_the_job(ip, magics, slurm, no_world):
+    import _thread
+    import threading
+
+    blocker = slurm.command("sbatch", "--parsable", "-n", "4", "--wrap", "sleep 60").strip()
+    timer = threading.Timer(3, _thread.interrupt_main)  # what the kernel's Stop button does
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ip.run_line_magic("mpi", "start -n 2 --launcher slurm")
+    finally:
+        timer.cancel()
+    assert [job for job, *_ in slurm.squeue()] == [blocker]  # ours was cancelled; the blocker is not ours
+    slurm.command("scancel", blocker)
