@@ -149,7 +149,7 @@ class World:
         if self.loopback:
             environment.update(LOOPBACK_ENV)
         # each rank runs its engine under a parent that records how it ended (rank/launch.py)
-        engines = self.placement.configure(config, n=self.size, mpiexec=mpiexec, mpiexec_args=self.mpiexec_args,
+        engines = self.placement.configure(config, mpiexec=mpiexec, mpiexec_args=self.mpiexec_args,
                                            engine_cmd=[sys.executable, "-m", "mpinb.rank.launch"],
                                            environment=environment, workdir=self.status_dir)
         self.cluster = ipp.Cluster(

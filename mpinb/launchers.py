@@ -128,8 +128,9 @@ class Placement:
                     hosts.append(host[0])
         return hosts
 
-    def configure(self, config, *, n, mpiexec, mpiexec_args, engine_cmd, environment, workdir):
-        """Fill ipyparallel's *config* for this launcher; return the engine launcher's name for ``Cluster``.
+    def configure(self, config, *, mpiexec, mpiexec_args, engine_cmd, environment, workdir):
+        """Fill ipyparallel's *config* for this launcher; return the engine launcher (name or class) for
+        ``Cluster(engines=...)``.
 
         A batch launcher's job script is written to *workdir* (the job itself runs in the notebook's directory,
         as local ranks do)."""

@@ -43,6 +43,16 @@ def world_of(ip, magics):
     return ensure
 
 
+@pytest.fixture
+def no_world(ip, magics):
+    """The shared shell with no world running (other tests leave theirs up), and none left afterwards."""
+    if magics.world is not None and magics.world.running:
+        ip.run_line_magic("mpi", "stop")
+    yield
+    if magics.world is not None and magics.world.running:
+        ip.run_line_magic("mpi", "stop")
+
+
 def world_processes(world):
     """Every process the world started (controller, mpiexec, its proxy, the engines), as psutil objects."""
     return list(world._processes)

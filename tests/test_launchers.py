@@ -15,15 +15,6 @@ from mpinb.launchers import SCHEDULERS, Placement
 from conftest import leftover_ranks
 
 
-@pytest.fixture
-def no_world(ip, magics):
-    if magics.world is not None and magics.world.running:
-        ip.run_line_magic("mpi", "stop")
-    yield
-    if magics.world is not None and magics.world.running:
-        ip.run_line_magic("mpi", "stop")
-
-
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_ssh_launcher_starts_the_ranks_of_a_hostfile(ip, magics, mpi, no_world, tmp_path, capsys):
@@ -64,7 +55,7 @@ def test_job_scripts_ask_for_n_tasks_and_run_one_mpiexec(launcher, tmp_path):
     placement = Placement(launcher=launcher, partition="short", time="01:00:00", account="proj{1}",
                           scheduler_args=["--mem=4G"])
     config = Config()
-    cls = placement.configure(config, n=3, mpiexec="/opt/mpi/bin/mpiexec", mpiexec_args=["-bind-to", "core"],
+    cls = placement.configure(config, mpiexec="/opt/mpi/bin/mpiexec", mpiexec_args=["-bind-to", "core"],
                               engine_cmd=[sys.executable, "-m", "mpinb.rank.launch"], environment={},
                               workdir=str(tmp_path))
     launcher_ = cls(config=config, cluster_id="abc", profile_dir=str(tmp_path))

@@ -38,16 +38,6 @@ def slurm():
     assert not leftover_steps(since)
 
 
-@pytest.fixture
-def no_world(ip, magics):
-    """The shared shell with no world running (other tests leave theirs up), and none left afterwards."""
-    if magics.world is not None and magics.world.running:
-        ip.run_line_magic("mpi", "stop")
-    yield
-    if magics.world is not None and magics.world.running:
-        ip.run_line_magic("mpi", "stop")
-
-
 def listening_addresses(pid):
     """The addresses a process listens on (TCP)."""
     return {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
@@ -209,7 +199,8 @@ def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm):
 
 
 def test_time_in_the_queue_does_not_count_against_start_timeout(ip, magics, mpi, slurm, no_world, monkeypatch):
-    blocker = slurm.command("sbatch", "--parsable", "-n", "4", "--wrap", "sleep 6").strip()  # the whole node
+    # a job that takes the whole node for 6 s
+    blocker = slurm.command("sbatch", "--parsable", "-n", "4", "--output=/dev/null", "--wrap", "sleep 6").strip()
     monkeypatch.setattr(magics, "start_timeout", 4.0)
     tic = time.monotonic()
     ip.run_line_magic("mpi", "start -n 2 --launcher slurm")
@@ -223,7 +214,7 @@ def test_interrupting_a_queued_start_cancels_the_job(ip, magics, slurm, no_world
     import _thread
     import threading
 
-    blocker = slurm.command("sbatch", "--parsable", "-n", "4", "--wrap", "sleep 60").strip()
+    blocker = slurm.command("sbatch", "--parsable", "-n", "4", "--output=/dev/null", "--wrap", "sleep 60").strip()
     timer = threading.Timer(3, _thread.interrupt_main)  # what the kernel's Stop button does
     timer.start()
     try:
