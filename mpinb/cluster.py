@@ -19,6 +19,7 @@ from .errors import MPIError
 from .gather import Receiver
 from .launchers import Placement, SlurmJob, is_this_host
 from .preflight import find_mpiexec, mpi_library
+from .ranks import label_ranks
 from .rank import agent
 from .rank import world as rank_world
 from .reaper import end_processes, remove_world_files, signal_all
@@ -308,15 +309,13 @@ class World:
             return "no MPI world is running"
         mpi = self.identities[self.ranks[0]]["mpi"]
         line = f"MPI world of {self.size} rank{'s' if self.size != 1 else ''} ({mpi}) via {find_mpiexec(self.mpiexec)}"
-        where = self.placement.describe()
-        if self.placement.batch:
-            where = where.replace(" job", f" job {self._job_id()}", 1)
+        where = self.placement.describe(job_id=self._job_id())
         if where:
             line += f" in {where}" if self.placement.batch else f" on {where}"
         if not self.loopback:
             line += f"; controller on {self.ip}"
         hosts = self.hosts()
-        return line + "\n" + "; ".join(f"{host}: {_span(ranks)}" for host, ranks in hosts.items())
+        return line + "\n" + "; ".join(f"{host}: {label_ranks(ranks)}" for host, ranks in hosts.items())
 
     def hosts(self):
         """``{host: [ranks]}`` in order of each host's lowest rank."""
@@ -388,7 +387,7 @@ class World:
                 )
             return True
         if state == "RUNNING" and self.loopback:
-            away = [host for host in self.job.nodes() if not is_this_host(host)]
+            away = [host for host in self.job.nodes(where) if not is_this_host(host)]
             if away:
                 raise MPIError(
                     f"Slurm job {self.job.job_id} runs on {', '.join(away[:3])}, and ranks there cannot reach a "
@@ -523,16 +522,6 @@ def _remove_files(paths):
             os.unlink(path)
         except (FileNotFoundError, IsADirectoryError):
             pass
-
-
-def _span(ranks):
-    """``[0, 1, 2, 5]`` as ``"ranks 0-2, 5"``."""
-    runs, start = [], ranks[0]
-    for previous, rank in zip(ranks, ranks[1:] + [None]):
-        if rank != previous + 1:
-            runs.append(f"{start}-{previous}" if previous > start else f"{start}")
-            start = rank
-    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(runs)
 
 
 def _is_alive(process):

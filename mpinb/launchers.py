@@ -102,12 +102,12 @@ class Placement:
     def batch(self):
         return self.scheduler is not None
 
-    def describe(self):
+    def describe(self, job_id=None):
         """How the ranks were placed, for ``%mpi status`` (``""`` for plain mpiexec here)."""
         if self.batch:
             extra = ", ".join(f"{name} {getattr(self, name)}" for name in ("partition", "time", "account")
                               if getattr(self, name))
-            return f"{self.scheduler.name} job" + (f" ({extra})" if extra else "")
+            return f"{self.scheduler.name} job {job_id or ''}".rstrip() + (f" ({extra})" if extra else "")
         return f"hosts from {self.hostfile}" if self.hostfile else ""
 
     def check(self):
@@ -238,10 +238,9 @@ class SlurmJob:
         state, _, where = line.partition("|")
         return state, where
 
-    def nodes(self):
-        """The job's hosts, expanded (``scontrol show hostnames``)."""
-        _, where = self.state()
-        done = subprocess.run(["scontrol", "show", "hostnames", where], capture_output=True, text=True, timeout=30)
+    def nodes(self, nodelist):
+        """The hosts of a Slurm *nodelist* (``node[01-03]``), expanded (``scontrol show hostnames``)."""
+        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
         return done.stdout.split()
 
     def wait_gone(self, timeout):
