@@ -4,14 +4,16 @@ Runs on ranks (under ``%%mpi`` or plain ``mpiexec python train.py``); imports no
 
     import mpinb.torch as mt
     mt.init_process_group()                      # torch.distributed from MPI: gloo on CPU, nccl with a GPU each
-    mt.broadcast_parameters(model)               # every rank starts from rank 0's weights
+    mt.broadcast_parameters(model)               # every rank starts from rank 0's weights (a model or state_dict)
     loss.backward()
     mt.allreduce_gradients(model)                # average gradients: fused buckets, buffer-based MPI
     opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, overlap=True)
+    mt.broadcast_optimizer_state(opt)            # every rank resumes from rank 0's optimizer state
 """
 
-from .rank.data_parallel import DistributedOptimizer, GradientAllreducer, allreduce_gradients, broadcast_parameters
+from .rank.data_parallel import (DistributedOptimizer, GradientAllreducer, allreduce_gradients,
+                                 broadcast_optimizer_state, broadcast_parameters)
 from .rank.process_group import choose_backend, destroy_process_group, init_process_group
 
-__all__ = ["DistributedOptimizer", "GradientAllreducer", "allreduce_gradients", "broadcast_parameters",
-           "choose_backend", "destroy_process_group", "init_process_group"]
+__all__ = ["DistributedOptimizer", "GradientAllreducer", "allreduce_gradients", "broadcast_optimizer_state",
+           "broadcast_parameters", "choose_backend", "destroy_process_group", "init_process_group"]

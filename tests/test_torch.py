@@ -211,14 +211,20 @@ def test_under_plain_mpiexec(ranks, tmp_path):
         comm = MPI.COMM_WORLD
         info = mt.init_process_group()
         model = torch.nn.Linear(4, 1)
-        mt.broadcast_parameters(model)
-        opt = mt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, overlap=True)
+        adam = torch.optim.Adam(model.parameters(), lr=0.1)
+        if comm.rank == 0:  # rank 0 resumes from a checkpoint: it has stepped once
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            adam.step()
+        mt.broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = mt.DistributedOptimizer(adam, model, overlap=True)
+        mt.broadcast_optimizer_state(opt, root_rank=0)
         for _ in range(3):
             opt.zero_grad()
             model(torch.randn(8, 4)).pow(2).mean().backward()
             opt.step()
         weights = comm.allgather(model.weight.detach())
         assert all(torch.equal(w, weights[0]) for w in weights)
+        assert float(adam.state_dict()["state"][0]["step"]) == 4
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
         ddp(torch.randn(2, 4)).sum().backward()
         with open(f"{tmp_path}/done-{{comm.rank}}", "w") as done:
@@ -245,3 +251,153 @@ def test_backend_and_device_choice():
     with pytest.raises(ValueError, match="not 'ncll'"):
         choose_backend("ncll", gpus_per_rank=0, local_size=1, nccl_available=True)
     assert choose_backend("gloo", gpus_per_rank=0, local_size=2, nccl_available=False) == ("gloo", False, None)
+
+
+BROADCAST = """
+import torch, mpinb.torch as mt
+torch.manual_seed(rank)  # every rank starts different
+model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+with torch.no_grad():
+    model[1].running_mean.add_(rank + 1.0)
+    model[1].running_var.mul_(rank + 2.0)
+    model[1].num_batches_tracked.add_(rank + 1)
+before = comm.allgather({name: t.clone() for name, t in model.state_dict().items()})
+CALL
+sorted(name for name, t in model.state_dict().items() if torch.equal(t, before[ROOT][name]))
+"""
+EVERYTHING = ["0.bias", "0.weight", "1.bias", "1.num_batches_tracked", "1.running_mean", "1.running_var", "1.weight"]
+PARAMETERS = ["0.bias", "0.weight", "1.bias", "1.weight"]
+
+
+@pytest.mark.parametrize("call, root, expected", [
+    ("mt.broadcast_parameters(model.state_dict(), root_rank=0)", 0, EVERYTHING),  # Horovod's spelling
+    ("mt.broadcast_parameters(model.state_dict(), root_rank=1)", 1, EVERYTHING),
+    ("mt.broadcast_parameters(dict(reversed(model.state_dict().items())) if rank else model.state_dict())", 0,
+     EVERYTHING),  # dicts go in name order: insertion order may differ between ranks
+    ("mt.broadcast_parameters(model.named_parameters(), root_rank=1)", 1, PARAMETERS),
+    ("mt.broadcast_parameters(model, 1)", 1, EVERYTHING),
+    ("mt.broadcast_parameters(list(model.parameters()), root=1)", 1, PARAMETERS),
+], ids=["state_dict", "state_dict-root_rank-1", "state_dict-other-order", "named_parameters", "module",
+        "tensor-list"])
+def test_broadcast_parameters_takes_state_dicts_named_pairs_modules_and_tensor_lists(call, root, expected, world_of,
+                                                                                       mpi):
+    world_of(2)
+    same_as_root = mpi(BROADCAST.replace("CALL", call).replace("ROOT", str(root)))
+    assert same_as_root == {root: EVERYTHING, 1 - root: expected}
+
+
+ADAM = """
+import torch, mpinb.torch as mt
+
+def make():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    opt = torch.optim.Adam([{"params": model[0].parameters()}, {"params": model[1].parameters(), "lr": 0.05}],
+                           lr=0.01, betas=(0.8, 0.9))
+    return model, opt
+
+x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+
+def step(model, opt):
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+
+def same_everywhere(tensors):
+    everyone = comm.allgather([t.detach().clone() for t in tensors])
+    return all(torch.equal(a, b) for theirs in everyone[1:] for a, b in zip(everyone[0], theirs))
+"""
+
+
+def test_broadcast_optimizer_state_from_a_rank_that_stepped(world_of, mpi):
+    """Rank 0 resumed: it has Adam state and a scheduler's learning rate, rank 1 has an optimizer that never
+    stepped. After both broadcasts, one more step on every rank gives identical weights; without the optimizer
+    state (the control) it does not."""
+    world_of(2)
+    result = mpi(ADAM + """
+synced, control = make(), make()
+for model, opt in (synced, control):
+    if rank == 0:
+        for _ in range(3):
+            step(model, opt)
+        opt.param_groups[1]["lr"] = 0.02
+    mt.broadcast_parameters(model.state_dict(), root_rank=0)
+mt.broadcast_optimizer_state(synced[1], root_rank=0)
+state = synced[1].state_dict()
+seen = {"steps": [float(s["step"]) for s in state["state"].values()],
+        "lr": [group["lr"] for group in state["param_groups"]], "betas": state["param_groups"][0]["betas"],
+        "same state": same_everywhere([t for s in state["state"].values() for t in s.values()])}
+for model, opt in (synced, control):
+    step(model, opt)
+seen["same weights"] = same_everywhere(synced[0].parameters())
+seen["control same weights"] = same_everywhere(control[0].parameters())
+seen
+""")
+    for rank in (0, 1):
+        assert result[rank] == {"steps": [3.0] * 4, "lr": [0.01, 0.02], "betas": (0.8, 0.9), "same state": True,
+                                "same weights": True, "control same weights": False}
+
+
+def test_broadcast_optimizer_state_from_a_root_that_never_stepped_clears_the_others(world_of, mpi):
+    world_of(2)
+    result = mpi("""
+import torch, mpinb.torch as mt
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1 * (rank + 1), momentum=0.9)
+if rank == 1:
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+before = len(opt.state)
+mt.broadcast_optimizer_state(opt)
+(before, len(opt.state), opt.param_groups[0]["lr"])
+""")
+    assert result == {0: (0, 0, 0.1), 1: (2, 0, 0.1)}
+
+
+@pytest.mark.parametrize("call, error", [
+    ('mt.broadcast_parameters({"weight": model.weight, "epoch": 3, "name": "x"})',
+     "TypeError: broadcast_parameters: params['epoch'] is an int, params['name'] is a str, not a tensor: "
+     "broadcast_parameters copies root's tensors into every rank's in place, which only tensors can take. Pass "
+     "the model itself"),
+    ("mt.broadcast_parameters(model.state_dict() if rank == 0 else {'weight': 'oops', 'bias': model.bias})",
+     "TypeError: broadcast_parameters: on rank 1: params['weight'] is a str, not a tensor"),
+    ("mt.broadcast_parameters(3)",
+     "TypeError: broadcast_parameters: params must be a torch.nn.Module, a dict of tensors (a state_dict), or an "
+     "iterable of tensors or of (name, tensor) pairs such as model.named_parameters(), not an int"),
+    ("mt.broadcast_parameters([model.weight, 'bias'])",
+     "TypeError: broadcast_parameters: item 1 of params is a str, not a tensor or a (name, tensor) pair"),
+    ("mt.broadcast_parameters(opt)",
+     "TypeError: broadcast_parameters: params must be a torch.nn.Module, a dict of tensors (a state_dict), or an "
+     "iterable of tensors or of (name, tensor) pairs such as model.named_parameters(), not an optimizer; for an "
+     "optimizer's state use broadcast_optimizer_state(optimizer)"),
+    ("mt.broadcast_parameters(model, 0, root_rank=1)",
+     "ValueError: broadcast_parameters: root=0 and root_rank=1 disagree: give one of them (root_rank is Horovod's "
+     "name for root)"),
+    ("mt.broadcast_parameters(model.state_dict(), root_rank=2)",
+     "ValueError: broadcast_parameters: root_rank=2 is not a rank of comm (ranks 0-1)"),
+    ("mt.broadcast_parameters(model, root=rank)",
+     "ValueError: broadcast_parameters: ranks disagree on the root: 0 on rank 0; 1 on rank 1"),
+    ("mt.broadcast_optimizer_state(model)",
+     "TypeError: broadcast_optimizer_state: optimizer must be a torch.optim.Optimizer (or an "
+     "mpinb.torch.DistributedOptimizer), not a Linear; pass the optimizer itself, e.g. "
+     "torch.optim.Adam(model.parameters()); for a model's weights use broadcast_parameters(model)"),
+    ("mt.broadcast_optimizer_state(opt.state_dict(), root_rank=0)",
+     "TypeError: broadcast_optimizer_state: optimizer must be a torch.optim.Optimizer (or an "
+     "mpinb.torch.DistributedOptimizer), not a dict"),
+    ("mt.broadcast_optimizer_state(opt if rank == 0 else torch.optim.SGD(model.parameters(), lr=0.1))",
+     "ValueError: broadcast_optimizer_state: ranks disagree on the optimizer: 'Adam' on rank 0; 'SGD' on rank 1"),
+    ("mt.broadcast_optimizer_state(torch.optim.Adam(torch.nn.Linear(2, 1 + rank).parameters()))",
+     "ValueError: broadcast_optimizer_state: ranks disagree on 2 parameter(s): parameter 'param_groups[0][0]': "
+     "(1, 2) float32 on rank 0; (2, 2) float32 on rank 1"),
+    ("opt.param_groups[0]['schedule'] = lambda step: 1.0\nmt.broadcast_optimizer_state(opt)",
+     "TypeError: broadcast_optimizer_state: rank 0's optimizer state cannot be pickled: "),
+], ids=["dict-of-non-tensors", "bad-on-one-rank", "not-iterable", "not-a-tensor-item", "optimizer-as-params",
+        "root-and-root_rank", "root-out-of-range", "roots-differ", "module-as-optimizer", "state_dict-as-optimizer",
+        "optimizers-differ", "parameters-differ", "unpicklable-state"])
+def test_bad_input_to_broadcasts_is_an_error_on_every_rank(call, error, world_of, mpi):
+    world_of(2)
+    mpi("import torch, mpinb.torch as mt\nmodel = torch.nn.Linear(3, 2)\nopt = torch.optim.Adam(model.parameters())")
+    with pytest.raises(RankError) as raised:
+        mpi(call)
+    assert f"ranks 0-1: {error}" in str(raised.value)
+    assert mpi("comm.allreduce(1)") == {0: 2, 1: 2}  # no rank left inside a collective

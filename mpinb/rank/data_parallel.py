@@ -1,11 +1,15 @@
-"""Horovod-style data parallelism over mpi4py: parameters broadcast from one rank, gradients averaged in fused
-buckets with buffer-based MPI (the tensors' memory, no pickling), optionally compressed to fp16 or overlapped
-with the backward pass. Every function is collective over *comm* (default ``MPI.COMM_WORLD``) and checks first
-that every rank holds the same parameters with gradients in the same places, so a mismatch is an error on
-every rank instead of a deadlock.
+"""Horovod-style data parallelism over mpi4py: parameters and optimizer state broadcast from one rank, gradients
+averaged in fused buckets with buffer-based MPI (the tensors' memory, no pickling), optionally compressed to fp16
+or overlapped with the backward pass. Every function is collective over *comm* (default ``MPI.COMM_WORLD``) and
+checks first that every rank holds the same parameters with gradients in the same places, so a mismatch (or bad
+input on any rank) is an error on every rank instead of a deadlock.
 """
 
+import operator
+import pickle
 import zlib
+from collections import OrderedDict
+from collections.abc import Mapping
 
 import torch
 
@@ -16,17 +20,133 @@ _MPI_TYPES = {  # torch dtype -> name of the MPI datatype for its elements
 }
 
 
-def broadcast_parameters(model, root=0, *, comm=None):
-    """Give every rank rank *root*'s parameters and buffers (in place). *model*: a module or named tensors."""
+class _DefaultRoot(int):
+    """The default ``root=0`` (shown as 0), told apart from an explicit one so that ``root_rank=1`` can replace it
+    while ``root=0, root_rank=1`` is an error."""
+
+
+_ROOT = _DefaultRoot(0)
+
+
+def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
+    """Give every rank rank *root*'s tensors, copied into each rank's own tensors in place (Horovod's
+    ``broadcast_parameters``). Collective over *comm*: every rank calls it with the same names, shapes and dtypes.
+
+    Args:
+        params: what to broadcast, one of
+
+            - a ``torch.nn.Module``: its parameters and buffers;
+            - a dict of tensors such as ``model.state_dict()`` (its tensors share the model's memory, so the model
+              gets the values), taken in key order as Horovod does, so ranks' insertion orders need not agree.
+              Every value must be a tensor: anything else cannot be updated in place and is an error;
+            - an iterable of ``(name, tensor)`` pairs such as ``model.named_parameters()``;
+            - an iterable of tensors such as ``model.parameters()``, or a single tensor.
+        root (int, default 0): the rank whose values every rank gets.
+        root_rank (int or None, default None): Horovod's name for *root*; give one or the other (both with
+            different values is an error).
+        comm (mpi4py.MPI.Comm or None, default None): the ranks taking part; ``None`` means ``MPI.COMM_WORLD``.
+
+    Raises (on every rank, so none is left waiting in a collective):
+        TypeError: *params* on some rank is none of the above; the message says which entry and what to pass.
+        ValueError: ranks hold different names, shapes or dtypes (named, with the ranks), pass different roots,
+            or the root is not a rank of *comm*.
+
+    Tensors travel with buffer-based ``Bcast`` in flat buckets of up to 64 MB per dtype, not pickled.
+
+    Example (``mpiexec -n 2 python example.py``)::
+
+        import torch
+        import mpinb.torch as mt
+        from mpi4py import MPI
+
+        torch.manual_seed(MPI.COMM_WORLD.rank)                 # different weights on every rank
+        model = torch.nn.Linear(4, 2)
+        mt.broadcast_parameters(model.state_dict(), root_rank=0)
+        print(model.weight.sum())                              # the same on every rank
+    """
     comm = _world(comm)
-    named = list(model.named_parameters()) + list(model.named_buffers()) if hasattr(model, "named_parameters") \
-        else _named(model)
-    _agree(comm, "broadcast_parameters", _signature(named, grads=False))
-    with torch.no_grad():
-        for index, bucket in enumerate(_buckets(named, bucket_bytes=64 << 20)):
-            flat = _flatten([t for _, t in bucket], slot=("broadcast", index))
-            comm.Bcast(_mpi_buffer(flat), root=root)
-            _unflatten(flat, [t for _, t in bucket])
+    root, problem = _root(root, root_rank, comm)
+    named, bad_params = _named_tensors(params)
+    _agree(comm, "broadcast_parameters", _signature(named, grads=False), problem=problem or bad_params,
+           same={"root": root})
+    _broadcast(comm, named, root, slot="broadcast")
+
+
+def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=None):
+    """Give every rank's *optimizer* rank *root*'s state (Horovod's ``broadcast_optimizer_state``): the
+    per-parameter state (Adam's ``step``, ``exp_avg``, ``exp_avg_sq``, SGD's momentum buffers, ...) and every
+    param group's hyperparameters (``lr``, ``betas``, ``weight_decay``, ...), as ``load_state_dict`` of root's
+    ``state_dict()`` would. Collective over *comm*.
+
+    Ranks that have not stepped yet (empty state) get root's state as it is, without a step of their own: unlike
+    Horovod, no rank's parameters are touched. If root has not stepped, every rank's state ends up empty like
+    root's. Each rank keeps its own parameters; their state follows them in ``param_groups`` order.
+
+    Args:
+        optimizer (torch.optim.Optimizer or mpinb.torch.DistributedOptimizer): the same kind of optimizer over
+            parameters of the same shapes and dtypes on every rank (any optimizer, LBFGS included).
+        root (int, default 0): the rank whose state every rank gets.
+        root_rank (int or None, default None): Horovod's name for *root*; give one or the other.
+        comm (mpi4py.MPI.Comm or None, default None): the ranks taking part; ``None`` means ``MPI.COMM_WORLD``.
+
+    Raises (on every rank):
+        TypeError: *optimizer* is not a ``torch.optim.Optimizer`` on some rank, or root's state cannot be pickled.
+        ValueError: ranks hold different optimizers or parameters (named, with the ranks), pass different roots,
+            or the root is not a rank of *comm*.
+
+    The state's tensors travel with buffer-based ``Bcast`` in flat buckets; the rest of the ``state_dict``
+    (hyperparameters, numbers kept as Python objects) is pickled once, with placeholders for the tensors.
+    Non-root ranks' state tensors are then moved to their parameters' devices and dtypes by ``load_state_dict``.
+
+    Example (``mpiexec -n 2 python example.py``)::
+
+        import torch
+        import mpinb.torch as mt
+        from mpi4py import MPI
+
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        if MPI.COMM_WORLD.rank == 0:                           # say rank 0 resumed from a checkpoint
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+        mt.broadcast_parameters(model, root_rank=0)
+        mt.broadcast_optimizer_state(opt, root_rank=0)
+        print(opt.state_dict()["state"][0]["step"])            # tensor(1.) on every rank
+    """
+    comm = _world(comm)
+    root, problem = _root(root, root_rank, comm)
+    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    if isinstance(inner, torch.optim.Optimizer):
+        signature = [(f"param_groups[{g}][{i}]", tuple(p.shape), str(p.dtype), True)
+                     for g, group in enumerate(inner.param_groups) for i, p in enumerate(group["params"])]
+    else:
+        signature = []
+        problem = problem or TypeError(
+            f"optimizer must be a torch.optim.Optimizer (or an mpinb.torch.DistributedOptimizer), not "
+            f"{_a(optimizer)}; pass the optimizer itself, e.g. torch.optim.Adam(model.parameters())"
+            + ("; for a model's weights use broadcast_parameters(model)" if isinstance(optimizer, torch.nn.Module)
+               else ""))
+    what = "broadcast_optimizer_state"
+    _agree(comm, what, signature, problem=problem, same={"root": root, "optimizer": type(inner).__name__})
+
+    if comm.rank == root:
+        tensors = []
+        skeleton = _without_tensors(inner.state_dict(), tensors)
+        try:
+            message = ("state", pickle.dumps((skeleton, [(tuple(t.shape), t.dtype) for t in tensors])))
+        except Exception as error:  # tell the other ranks, which would otherwise wait in Bcast
+            message = ("error", f"rank {root}'s optimizer state cannot be pickled: {type(error).__name__}: {error}")
+        kind, payload = comm.bcast(message, root=root)
+    else:
+        kind, payload = comm.bcast(None, root=root)
+        if kind == "state":
+            skeleton, specs = pickle.loads(payload)
+            tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+    if kind == "error":
+        raise TypeError(f"{what}: {payload}")
+    _broadcast(comm, [(str(i), t) for i, t in enumerate(tensors)], root, slot="optimizer")
+    if comm.rank != root:
+        inner.load_state_dict(_with_tensors(skeleton, tensors))
 
 
 def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, comm=None):
@@ -202,6 +322,109 @@ def _Request():
     return MPI.Request
 
 
+def _root(root, root_rank, comm):
+    """``(root, None)`` from :func:`broadcast_parameters`' *root* and *root_rank*, or ``(None, problem)``."""
+    name = "root"
+    if root_rank is not None:
+        if root is not _ROOT and root != root_rank:
+            return None, ValueError(f"root={root!r} and root_rank={root_rank!r} disagree: give one of them "
+                                    "(root_rank is Horovod's name for root)")
+        root, name = root_rank, "root_rank"
+    try:
+        root = operator.index(root)
+    except TypeError:
+        return None, TypeError(f"{name} must be a rank (an int), not {_a(root)}")
+    if not 0 <= root < comm.size:
+        from ..ranks import label_ranks
+
+        return None, ValueError(f"{name}={root} is not a rank of comm ({label_ranks(range(comm.size))})")
+    return root, None
+
+
+_PARAMS = ("a torch.nn.Module, a dict of tensors (a state_dict), or an iterable of tensors or of (name, tensor) "
+           "pairs such as model.named_parameters()")
+
+
+def _named_tensors(params):
+    """``([(name, tensor)], None)`` for what :func:`broadcast_parameters` takes, or ``([], problem)``."""
+    if isinstance(params, torch.Tensor):
+        return [("tensor", params)], None
+    if isinstance(params, torch.nn.Module):
+        return list(params.named_parameters()) + list(params.named_buffers()), None
+    if isinstance(params, (torch.optim.Optimizer, DistributedOptimizer)):
+        return [], TypeError(f"params must be {_PARAMS}, not an optimizer; for an optimizer's state use "
+                             "broadcast_optimizer_state(optimizer)")
+    if isinstance(params, Mapping):
+        named = sorted(((str(key), value) for key, value in params.items()), key=lambda item: item[0])
+        wrong = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
+        if wrong:
+            listed = ", ".join(f"params[{name!r}] is {_a(value)}" for name, value in wrong[:3])
+            more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+            return [], TypeError(
+                f"{listed}{more}, not a tensor: broadcast_parameters copies root's tensors into every rank's in "
+                "place, which only tensors can take. Pass the model itself (parameters and buffers), or leave such "
+                "entries out ({k: v for k, v in params.items() if torch.is_tensor(v)}) and send them with "
+                "comm.bcast(obj, root=...)")
+        return named, None
+    try:
+        items = list(params)
+    except TypeError:
+        return [], TypeError(f"params must be {_PARAMS}, not {_a(params)}")
+    named = []
+    for i, item in enumerate(items):
+        if isinstance(item, torch.Tensor):
+            named.append((str(i), item))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
+            named.append((str(item[0]), item[1]))
+        else:
+            return [], TypeError(f"item {i} of params is {_a(item)}, not a tensor or a (name, tensor) pair; "
+                                 f"params must be {_PARAMS}")
+    return named, None
+
+
+def _a(value):
+    """``"an int"``, ``"a str"``: what *value* is, for messages."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _broadcast(comm, named, root, *, slot):
+    """Copy root's tensors into every rank's *named* tensors, in buckets of one dtype (buffer-based Bcast)."""
+    with torch.no_grad():
+        for index, bucket in enumerate(_buckets(named, bucket_bytes=64 << 20)):
+            tensors = [t for _, t in bucket]
+            flat = _flatten(tensors, slot=(slot, index))
+            comm.Bcast(_mpi_buffer(flat, moving_only=True), root=root)
+            if comm.rank != root:
+                _unflatten(flat, tensors)
+
+
+class _Slot(int):
+    """Stands for the state_dict tensor of this index in the pickled rest of an optimizer's state."""
+
+
+def _without_tensors(value, tensors):
+    """*value* with each tensor appended to *tensors* and replaced by its :class:`_Slot`."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value.detach())
+        return _Slot(len(tensors) - 1)
+    if type(value) in (dict, OrderedDict):
+        return type(value)((key, _without_tensors(item, tensors)) for key, item in value.items())
+    if type(value) in (list, tuple):
+        return type(value)(_without_tensors(item, tensors) for item in value)
+    return value  # anything else is pickled as it is
+
+
+def _with_tensors(value, tensors):
+    if isinstance(value, _Slot):
+        return tensors[value]
+    if type(value) in (dict, OrderedDict):
+        return type(value)((key, _with_tensors(item, tensors)) for key, item in value.items())
+    if type(value) in (list, tuple):
+        return type(value)(_with_tensors(item, tensors) for item in value)
+    return value
+
+
 def _named(model):
     if hasattr(model, "named_parameters"):
         return list(model.named_parameters())
@@ -220,12 +443,33 @@ def _digest(signature):
     return zlib.crc32(repr(signature).encode())
 
 
-def _agree(comm, what, signature):
-    """Raise on every rank, naming parameters and ranks, unless every rank has this *signature*."""
-    if len(set(comm.allgather(_digest(signature)))) == 1:
-        return
+def _agree(comm, what, signature, *, problem=None, same=None):
+    """Raise on every rank, naming parameters and ranks, unless every rank has this *signature*, no rank found a
+    *problem* (an exception to raise) with its input, and every rank has the same values in *same*
+    (``{"root": 0}``). One small allgather when all is well."""
     from ..ranks import label_ranks
 
+    everyone = comm.allgather((_digest(signature), None if problem is None else (type(problem), str(problem)),
+                               same or {}))
+    problems = {}
+    for rank, (_, found, _) in enumerate(everyone):
+        if found is not None:
+            problems.setdefault(found, []).append(rank)
+    if problems:
+        kind = next(iter(problems))[0]
+        if len(problems) == 1 and len(next(iter(problems.values()))) == comm.size:
+            raise kind(f"{what}: {next(iter(problems))[1]}")
+        raise kind(f"{what}: " + "; ".join(f"on {label_ranks(ranks)}: {message}"
+                                          for (_, message), ranks in problems.items()))
+    for key in everyone[0][2]:
+        values = {}
+        for rank, (_, _, held) in enumerate(everyone):
+            values.setdefault(repr(held[key]), []).append(rank)
+        if len(values) > 1:
+            raise ValueError(f"{what}: ranks disagree on the {key}: "
+                             + "; ".join(f"{value} on {label_ranks(ranks)}" for value, ranks in values.items()))
+    if len({digest for digest, _, _ in everyone}) == 1:
+        return
     everyone = comm.allgather(signature)
     by_name = [{name: rest for name, *rest in rank_signature} for rank_signature in everyone]
     names = list(dict.fromkeys(name for rank_signature in everyone for name, *_ in rank_signature))
@@ -346,10 +590,13 @@ def _unflatten(flat, tensors, sizes=None):
         offset += n
 
 
-def _mpi_buffer(flat):
-    """``[memory, count, datatype]`` of a flat CPU tensor for buffer-based MPI calls."""
+def _mpi_buffer(flat, *, moving_only=False):
+    """``[memory, count, datatype]`` of a flat CPU tensor for buffer-based MPI calls. *moving_only* (``Bcast``,
+    no arithmetic): a dtype MPI has no type for goes as its bytes."""
     from mpi4py import MPI
 
+    if moving_only and flat.dtype not in _MPI_TYPES:
+        return [flat.view(torch.uint8).numpy(), flat.numel() * flat.element_size(), MPI.BYTE]
     datatype = getattr(MPI, _MPI_TYPES[flat.dtype])
     if datatype == MPI.DATATYPE_NULL and flat.dtype in (torch.float16, torch.bfloat16):
         datatype = MPI.UINT16_T  # a 2-byte carrier: MPI only moves the bytes, and mpinb's own op sums them
