@@ -44,7 +44,11 @@ class Receiver:
                 continue
             own = buffers[position:position + len(item["sizes"])]
             position += len(item["sizes"])
-            out[name] = ("value", pickle.loads(item["pickle"], buffers=own), item["stats"])
+            try:
+                out[name] = ("value", pickle.loads(item["pickle"], buffers=own), item["stats"])
+            except Exception as exc:  # noqa: BLE001 - e.g. a module the rank has and the notebook lacks
+                out[name] = ("error", f"{name}: arrived but cannot be rebuilt in the notebook "
+                                      f"({type(exc).__name__}: {exc})", None)
         return out
 
     def _reader(self, rank, path):

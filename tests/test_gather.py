@@ -101,6 +101,147 @@ def test_every_kind_of_value_arrives_as_each_rank_computed_it(how, world_of, ip,
     assert stacked["w"].shape == (2, 2, 2) and isinstance(stacked["w"], torch.Tensor)
 
 
+KINDS = """
+import warnings
+import numpy as np
+import torch
+warnings.filterwarnings("ignore", "ComplexHalf support is experimental")
+
+def psum(a):  # ipyparallel's MPI example
+    locsum = np.sum(a)
+    rcvBuf = np.array(0.0, 'd')
+    comm.Allreduce([locsum, MPI.DOUBLE], [rcvBuf, MPI.DOUBLE], op=MPI.SUM)
+    return rcvBuf
+
+total = psum(np.arange(4.0) + rank)
+grid = np.arange(20.0).reshape(4, 5) * (rank + 1)
+kinds = {
+    "f64 0-d": np.array(rank + 0.5),
+    "i32 0-d": np.array(rank, dtype=np.int32),
+    "bool 0-d": np.array(rank == 1),
+    "c128 0-d": np.array(1 + 1j * rank),
+    "datetime 0-d": np.array(rank, dtype="datetime64[s]"),
+    "f32": np.arange(6, dtype=np.float32).reshape(2, 3) + rank,
+    "f16": np.linspace(-1, 1, 7, dtype=np.float16) * (rank + 1),
+    "f16 many": np.ones(70_000, dtype=np.float16),  # their norm, 264.6, overflows float16's sum of squares
+    "u8": np.arange(5, dtype=np.uint8) + rank,
+    "i64 3-d": np.arange(24, dtype=np.int64).reshape(2, 3, 4) - rank,
+    "bool": np.array([True, False, rank == 1]),
+    "c64": (np.arange(4) * (1 + 2j * rank)).astype(np.complex64),
+    "datetime": np.array(["2024-01-01", "2024-06-30"], dtype="datetime64[D]") + rank,
+    "timedelta": np.array([1, 2 + rank], dtype="timedelta64[ms]"),
+    "unicode": np.array(["a", "bc" * (rank + 1)]),
+    "bytes": np.array([b"x", b"yz"]),
+    "structured": np.array([(rank, 2.5)], dtype=[("a", "i4"), ("b", "f8")]),
+    "objects": np.array([1, "two", None], dtype=object),
+    "empty": np.zeros((0, 3), dtype=np.float32),
+    "strided": grid[::2, 1::2],
+    "fortran": np.asfortranarray(grid),
+    "transposed": grid.T,
+    "masked": np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, rank == 1, False]),
+    "np f32": np.float32(rank + 0.25),
+    "np i8": np.int8(-rank),
+    "np bool": np.bool_(rank == 1),
+    "np c64": np.complex64(1j * rank),
+    "np datetime": np.datetime64("2024-01-01") + rank,
+    "t f32 0-d": torch.tensor(rank + 0.5),
+    "t bf16 0-d": torch.tensor(rank + 0.5, dtype=torch.bfloat16),
+    "t bf16": torch.full((2, 3), rank + 0.5, dtype=torch.bfloat16),
+    "t f16": torch.linspace(-1, 1, 5, dtype=torch.float16) * (rank + 1),
+    "t f64": torch.arange(4, dtype=torch.float64) / (rank + 1),
+    "t f8": torch.tensor([0.5, -2.0, rank], dtype=torch.float8_e4m3fn),
+    "t c32": torch.tensor([1 + 1j * rank, 2], dtype=torch.complex32),
+    "t c64": torch.tensor([1 + 1j * rank, 2], dtype=torch.complex64),
+    "t i8": torch.arange(-3, 3, dtype=torch.int8) * rank,
+    "t u8 0-d": torch.tensor(200 + rank, dtype=torch.uint8),
+    "t i64": torch.arange(5) * rank,
+    "t bool": torch.tensor([True, rank == 1]),
+    "t empty": torch.zeros(0, 2),
+    "t strided": torch.arange(12.0).reshape(3, 4)[:, ::2] + rank,
+    "t transposed": torch.arange(6.0).reshape(2, 3).t() + rank,
+    "t conj": torch.tensor([1 + 2j, 3 - 1j * rank]).conj(),
+    "t with grad": torch.ones(3, requires_grad=True) * (rank + 2),
+    "int": rank,
+    "float": rank + 0.5,
+    "complex": 1j * rank,
+    "bool value": rank == 1,
+    "str": f"rank {rank}",
+    "bytes value": bytes([rank]),
+    "none": None,
+    "nested": {"list": [np.array(1.0 * rank), (torch.tensor(rank), "s")], "tuple": (np.float64(rank),),
+               "dict": {"deep": [None, np.zeros((2, 0)), torch.tensor(rank, dtype=torch.bfloat16)]}},
+}
+"""
+
+
+def computed_on(rank):
+    """What the cell computed on *rank*, computed again here."""
+    from mpi4py import MPI
+
+    class Comm:  # psum's Allreduce with every rank's sum: rank 0's 0+1+2+3, rank 1's 1+2+3+4
+        def Allreduce(self, send, receive, op):
+            receive[0][...] = 6.0 + 10.0
+
+    namespace = {"rank": rank, "comm": Comm(), "MPI": MPI}
+    exec(KINDS, namespace)
+    return namespace
+
+
+def differences(got, want, path=""):
+    """Where *got* is not exactly *want* (type, shape, dtype, memory order, value): a list of descriptions."""
+    if type(got) is not type(want):
+        return [f"{path}: {type(got).__name__}, not {type(want).__name__}"]
+    if isinstance(want, dict):
+        if list(got) != list(want):
+            return [f"{path}: keys {list(got)}, not {list(want)}"]
+        return [d for key in want for d in differences(got[key], want[key], f"{path}[{key!r}]")]
+    if isinstance(want, (list, tuple)):
+        if len(got) != len(want):
+            return [f"{path}: {len(got)} items, not {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in differences(g, w, f"{path}[{i}]")]
+    if isinstance(want, torch.Tensor):
+        if (got.dtype, got.shape) != (want.dtype, want.shape):
+            return [f"{path}: {got.dtype} {tuple(got.shape)}, not {want.dtype} {tuple(want.shape)}"]
+        wide = torch.complex128 if want.is_complex() else torch.float64
+        if not torch.equal(got.resolve_conj().to(wide), want.resolve_conj().to(wide)) or got.requires_grad:
+            return [f"{path}: {got} is not {want}"]
+        return []
+    if isinstance(want, np.ma.MaskedArray):
+        if not (np.array_equal(got.data, want.data) and np.array_equal(got.mask, want.mask)):
+            return [f"{path}: {got!r} is not {want!r}"]
+        return []
+    if isinstance(want, np.ndarray):
+        if (got.dtype, got.shape) != (want.dtype, want.shape):
+            return [f"{path}: {got.dtype} {got.shape}, not {want.dtype} {want.shape}"]
+        if want.flags.f_contiguous and not want.flags.c_contiguous and not got.flags.f_contiguous:
+            return [f"{path}: lost its Fortran order"]
+        if not np.array_equal(got, want) or not got.flags.writeable:
+            return [f"{path}: {got!r} is not {want!r} (or is read-only)"]
+        return []
+    if isinstance(want, np.generic) and want.dtype != got.dtype:
+        return [f"{path}: {got.dtype}, not {want.dtype}"]
+    return [] if got == want else [f"{path}: {got!r} is not {want!r}"]
+
+
+@pytest.mark.parametrize("how", ["shm", "mpi", "frames"])
+def test_every_value_keeps_its_type_shape_and_dtype(how, world_of, ip, magics, mpi, transport, capsys):
+    world_of(2)
+    transport(how)
+    mpi(KINDS, line="--gather kinds total")
+    for rank in (0, 1):
+        want = computed_on(rank)
+        assert differences(ip.user_ns["kinds"][rank], want["kinds"], "kinds") == []
+        assert differences(ip.user_ns["total"][rank], want["total"], "total") == []
+    assert float(ip.user_ns["total"][1]) == 16.0  # what the ipyparallel example does with psum's result
+    stats = magics.last.gather_stats["kinds"][1]
+    assert stats[("f64 0-d",)]["shape"] == () and stats[("f64 0-d",)]["max"] == 1.5
+    assert stats[("t bf16 0-d",)]["shape"] == () and stats[("t bf16 0-d",)]["dtype"] == "bfloat16"
+    assert stats[("fortran",)]["shape"] == (4, 5) and stats[("fortran",)]["max"] == 38.0
+    assert stats[("t f8",)]["dtype"] == "float8_e4m3fn" and stats[("t f8",)]["min"] == -2.0
+    assert stats[("f16 many",)]["norm"] == pytest.approx(70_000 ** 0.5) and stats[("f16 many",)]["inf"] == 0
+    assert "kinds['f64 0-d']: differs on rank 1 (max |Δ| 1)" in capsys.readouterr().out
+
+
 def test_shared_memory_is_reused_grown_and_never_left_behind(world_of, ip, magics, mpi, transport):
     world_of(2)
     transport("shm")

@@ -1,41 +1,83 @@
 """``%%mpi --gather``, rank side: turn named values into one small pickle plus raw buffers, and per-leaf statistics.
 
 Arrays and tensors travel out of band (pickle protocol 5): the pickle holds the structure (dicts, lists,
-tuples, scalars) and each array's dtype and shape; the bytes go as separate buffers, written straight into
-shared memory or sent as zero-copy frames. Statistics (norm, min, max, mean, NaN/Inf counts, a histogram) are
-computed here, on every rank in parallel, so the notebook never scans the values to describe them.
+tuples, scalars) and each array's dtype, shape and memory order; the bytes go as separate buffers, written
+straight into shared memory or sent as zero-copy frames. Every value comes back with its type, shape and dtype:
+torch tensors as torch tensors, JAX and TensorFlow arrays as theirs (numpy arrays when the notebook cannot import
+the framework), numpy arrays as numpy arrays (0-d ones too; Fortran order kept). Dtypes numpy would pickle
+in band (datetimes, ``ml_dtypes``' bfloat16 and float8) or cannot hold (torch's bfloat16, float8, complex32)
+travel as their raw bytes and are viewed back. Statistics (norm, min, max, mean, NaN/Inf counts, a histogram)
+are computed here, on every rank in parallel, so the notebook never scans the values to describe them.
 """
 
 import collections
 import math
 import pickle
+import sys
 
 import numpy as np
 
 HISTOGRAM_BINS = 30
 HISTOGRAM_SAMPLE = 1 << 18  # values a histogram is drawn from at most (an evenly strided sample)
+_RAW = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}  # a dtype travelling as raw bytes is viewed as these
 
 
 class TorchLeaf:
-    """A torch tensor on its way to the notebook: its bytes as a numpy array, and where it lived."""
+    """A torch tensor on its way to the notebook: its bytes as a numpy array, and where it lived.
 
-    __slots__ = ("array", "dtype", "device")
+    ``shape`` is set when *array* holds raw bytes (a dtype numpy lacks, such as bfloat16): the notebook views
+    them as ``dtype`` and gives them that shape.
+    """
 
-    def __init__(self, array, dtype, device):
-        self.array, self.dtype, self.device = array, dtype, device
+    __slots__ = ("array", "dtype", "device", "shape")
+
+    def __init__(self, array, dtype, device, shape=None):
+        self.array, self.dtype, self.device, self.shape = array, dtype, device, shape
 
     def __reduce__(self):
-        return _rebuild_tensor, (self.array, self.dtype, self.device)
+        return _rebuild_tensor, (self.array, self.dtype, self.device, self.shape)
 
 
-def _rebuild_tensor(array, dtype, device):
+def _rebuild_tensor(array, dtype, device, shape=None):
     """In the notebook: a CPU tensor sharing *array*'s memory (``device`` says where it came from)."""
     import torch
 
     tensor = torch.from_numpy(array)
-    if dtype == "bfloat16":
-        tensor = tensor.view(torch.bfloat16)
+    if shape is not None:
+        tensor = tensor.view(getattr(torch, dtype)).reshape(shape)
     return tensor
+
+
+class ArrayLeaf:
+    """A numpy array whose bytes travel as unsigned integers (``dtype`` set), or a JAX or TensorFlow array."""
+
+    __slots__ = ("array", "dtype", "framework")
+
+    def __init__(self, array, dtype, framework):
+        self.array, self.dtype, self.framework = array, dtype, framework
+
+    def __reduce__(self):
+        return _rebuild_array, (self.array, self.dtype, self.framework)
+
+
+def _rebuild_array(array, dtype, framework):
+    """In the notebook: *array* viewed as *dtype*, as a CPU array of *framework* when it can be imported here."""
+    if dtype is not None:
+        array = array.view(dtype)
+    if framework == "jax":
+        try:
+            import jax
+        except ImportError:
+            return array
+        return jax.device_put(array, jax.devices("cpu")[0])
+    if framework == "tensorflow":
+        try:
+            import tensorflow as tf
+        except ImportError:
+            return array
+        with tf.device("CPU:0"):
+            return tf.constant(array)
+    return array
 
 
 class GatherError(Exception):
@@ -65,63 +107,109 @@ def collect(names, namespace, *, stats=True):
         except Exception as exc:  # noqa: BLE001 - whatever pickling raises means "cannot transfer"
             items[name] = {"error": f"{name}: cannot transfer {type(exc).__name__}: {exc}"}
             continue
-        views = [memoryview(buffer).cast("B") for buffer in own]
+        views = [buffer.raw() for buffer in own]  # bytes of C- and Fortran-ordered, empty and 0-d arrays alike
         items[name] = {"pickle": data, "sizes": [view.nbytes for view in views],
-                       "stats": {path: leaf_stats(*leaf) for path, leaf in leaves.items()} if stats else None}
+                       "stats": {path: _leaf_stats(*leaf) for path, leaf in leaves.items()} if stats else None}
         buffers.extend(views)
     return items, buffers
 
 
 def _prepare(value, path, leaves):
-    """*value* with every array-like leaf replaced by a contiguous numpy array (or a TorchLeaf around one)."""
+    """*value* with every array-like leaf replaced by a numpy array, a TorchLeaf or an ArrayLeaf around one."""
     if isinstance(value, (dict, collections.OrderedDict)):
         prepared = {key: _prepare(item, (*path, key), leaves) for key, item in value.items()}
         return type(value)(prepared) if type(value) is not dict else prepared
     if type(value) in (list, tuple):
         return type(value)(_prepare(item, (*path, i), leaves) for i, item in enumerate(value))
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
         return value
     if _is_tensor(value):
-        tensor = value.detach()
-        device = str(tensor.device)
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        if dtype == "bfloat16":
-            import torch
-
-            array = tensor.contiguous().view(torch.int16).numpy()
-            leaves[path] = (tensor.float().numpy(), dtype, device)
-        else:
-            array = tensor.contiguous().numpy()
-            leaves[path] = (array, dtype, device)
-        return TorchLeaf(array, dtype, device)
-    if isinstance(value, np.generic):
+        return _torch_leaf(value, path, leaves)
+    framework = _framework(value)
+    array = _as_array(value, framework)
+    if array is None:
+        try:
+            pickle.dumps(value, protocol=5)
+        except Exception as exc:  # noqa: BLE001
+            raise GatherError(f"cannot transfer a {type(value).__module__}.{type(value).__qualname__} "
+                              f"({type(exc).__name__}: {exc}); gather the numbers or arrays it holds "
+                              "instead") from None
+        if isinstance(value, np.ndarray):  # a subclass (a masked array): itself, described by its data
+            leaves[path] = (np.asarray(value), str(value.dtype), "cpu")
         return value
-    array = _as_array(value)
-    if array is not None:
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):  # 0-d arrays are always contiguous
         array = np.ascontiguousarray(array)
-        if array.dtype.hasobject:
-            raise GatherError(f"an array of Python objects ({type(value).__name__}) has no raw bytes to send; "
-                              "gather a numeric array, or a list of the objects")
-        leaves[path] = (array, str(array.dtype), "cpu" if type(value) is np.ndarray else _device_of(value))
+    if framework is None:
+        leaves[path] = (array, str(array.dtype), "cpu")
+    else:
+        leaves[path] = (array, _dtype_name(value.dtype), _device_of(value))
+    raw = None
+    if not array.dtype.hasobject and array.dtype.itemsize in _RAW and (
+            array.dtype.kind in "mM" or array.dtype.type.__module__ == "ml_dtypes"):
+        raw, array = array.dtype, array.view(_RAW[array.dtype.itemsize])  # else pickled in band, element by element
+    if raw is None and framework is None:
         return array
+    return ArrayLeaf(array, raw, framework)
+
+
+def _torch_leaf(value, path, leaves):
+    tensor = value.detach()
+    device = str(tensor.device)
+    tensor = tensor.cpu().contiguous().resolve_conj().resolve_neg()
+    dtype = str(tensor.dtype).removeprefix("torch.")
     try:
-        pickle.dumps(value, protocol=5)
-    except Exception as exc:  # noqa: BLE001
-        raise GatherError(f"cannot transfer a {type(value).__module__}.{type(value).__qualname__} "
-                          f"({type(exc).__name__}: {exc}); gather the numbers or arrays it holds instead") from None
-    return value
+        array = tensor.numpy()
+    except TypeError:  # a dtype numpy lacks (bfloat16, float8, complex32): its raw bytes, described as float32
+        import torch
+
+        wide = tensor.to(torch.complex64 if tensor.is_complex() else torch.float32).numpy()
+        leaves[path] = (wide, dtype, device)
+        return TorchLeaf(tensor.reshape(-1).view(torch.uint8).numpy(), dtype, device, tuple(tensor.shape))
+    leaves[path] = (array, dtype, device)
+    return TorchLeaf(array, dtype, device)
 
 
 def _is_tensor(value):
     return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "numel")
 
 
-def _as_array(value):
-    """A numpy array for numpy arrays, DLPack exporters (JAX, CuPy, TF) and anything with ``__array__``."""
+def _framework(value):
+    """``"jax"`` or ``"tensorflow"`` for their arrays (only when the rank has imported them), else None."""
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(value, getattr(jax, "Array", ())):
+        return "jax"
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and isinstance(value, (getattr(tf, "Tensor", ()), getattr(tf, "Variable", ()))):
+        return "tensorflow"
+    return None
+
+
+def framework_array(value):
+    """A numpy array of a JAX array's or TensorFlow tensor's values (TF strings as bytes objects), else None."""
+    framework = _framework(value)
+    return None if framework is None else _as_array(value, framework)
+
+
+def _as_array(value, framework=None):
+    """A numpy array for numpy arrays, JAX and TF arrays, anything with ``__array__``, and DLPack exporters
+    (CuPy); None for anything else, ndarray subclasses included (they travel as themselves)."""
+    if type(value) is np.ndarray or isinstance(value, np.memmap):
+        return np.asarray(value)
     if isinstance(value, np.ndarray):
-        return value
+        return None
+    if framework == "tensorflow":  # never TF's __dlpack__: it aborts the process on a string tensor
+        array = value.numpy()  # strings as bytes objects
+        if not isinstance(array, np.ndarray):  # 0-d: a numpy (or ml_dtypes) scalar, or bytes
+            array = np.array(array, dtype=object if isinstance(array, bytes) else None)
+        return array
+    if framework == "jax":
+        return np.asarray(value)
+    if hasattr(value, "__array__"):
+        try:
+            return np.asarray(value)
+        except Exception:  # noqa: BLE001 - CuPy refuses an implicit copy off the device: DLPack below
+            if not hasattr(value, "__dlpack__"):
+                raise
     if hasattr(value, "__dlpack__"):
         try:
             return np.from_dlpack(value)
@@ -132,9 +220,22 @@ def _as_array(value):
                 return torch.from_dlpack(value).cpu().numpy()
             except Exception:  # noqa: BLE001
                 pass
-    if hasattr(value, "__array__"):
-        return np.asarray(value)
     return None
+
+
+def _dtype_name(dtype):
+    """``bfloat16``, ``string``, ``float32``: a framework's own name for its dtype."""
+    name = getattr(dtype, "name", None)
+    return name if isinstance(name, str) else str(dtype)
+
+
+def computable(array):
+    """*array* as float32 when numpy cannot compute in its dtype (``ml_dtypes``' bfloat16, float8, int4) or
+    would overflow in it (float16: the norm of 70 000 ones); otherwise *array* itself."""
+    dtype = array.dtype
+    if dtype.type.__module__ == "ml_dtypes" or (dtype.kind == "f" and dtype.itemsize < 4):
+        return array.astype(np.float32)
+    return array
 
 
 def _device_of(value):
@@ -144,7 +245,18 @@ def _device_of(value):
     if device is None:
         devices = getattr(value, "devices", None)
         device = next(iter(devices()), None) if callable(devices) else None
-    return str(device) if device is not None else "cpu"
+    if device is None:
+        return "cpu"
+    return str(device).rpartition("/device:")[2]  # TF's /job:localhost/replica:0/task:0/device:CPU:0 as CPU:0
+
+
+def _leaf_stats(array, dtype, device):
+    """:func:`leaf_stats`, or only shape and dtype when numpy cannot compute with the values: a value that can
+    travel is never held back by its statistics."""
+    try:
+        return leaf_stats(array, dtype, device)
+    except Exception:  # noqa: BLE001
+        return {"shape": tuple(array.shape), "dtype": dtype, "device": device, "size": int(array.size)}
 
 
 def leaf_stats(array, dtype, device):
@@ -154,6 +266,7 @@ def leaf_stats(array, dtype, device):
     (``histogram_stride`` says which); everything else is exact.
     """
     stats = {"shape": tuple(array.shape), "dtype": dtype, "device": device, "size": int(array.size)}
+    array = computable(array)
     if array.size == 0 or array.dtype.kind not in "biuf":
         return stats
     values = array.astype(np.float64, copy=False) if array.dtype.kind in "biu" else array

@@ -11,6 +11,7 @@ from html import escape
 
 import numpy as np
 
+from ..rank.gather import computable, framework_array, leaf_stats
 from ..ranks import label_ranks
 from .colors import rank_color
 from .text import aligned
@@ -70,9 +71,19 @@ def _leaves(value, path=()):
 
 
 def _as_numpy(leaf):
-    if type(leaf).__module__.startswith("torch") and hasattr(leaf, "numpy"):
-        return (leaf.float() if str(leaf.dtype) == "torch.bfloat16" else leaf).detach().numpy()
-    return leaf if isinstance(leaf, np.ndarray) else None
+    """A numpy array of a tensor's or array's values (dtypes numpy lacks as float32), None for scalars."""
+    if isinstance(leaf, np.ndarray):
+        return leaf
+    module = type(leaf).__module__
+    if module.startswith("torch") and hasattr(leaf, "numpy"):
+        tensor = leaf.detach().resolve_conj()
+        try:
+            return tensor.numpy()
+        except TypeError:  # bfloat16, float8, complex32
+            import torch
+
+            return tensor.to(torch.complex64 if tensor.is_complex() else torch.float32).numpy()
+    return framework_array(leaf)  # JAX, TensorFlow; None for anything else
 
 
 def _describe(leaf):
@@ -80,9 +91,9 @@ def _describe(leaf):
     array = _as_numpy(leaf)
     if array is None:
         return {"value": leaf}
-    from ..rank.gather import leaf_stats
-
-    return leaf_stats(array, str(getattr(leaf, "dtype", array.dtype)).removeprefix("torch."), "cpu")
+    dtype = getattr(leaf, "dtype", array.dtype)
+    name = getattr(dtype, "name", None)
+    return leaf_stats(array, name if isinstance(name, str) else str(dtype).removeprefix("torch."), "cpu")
 
 
 def _compare(report, leaves):
@@ -114,21 +125,27 @@ def _same_scalar(a, b):
 
 def _scalar_diff(a, b):
     try:
-        return abs(float(a) - float(b))
+        return float(abs(complex(a) - complex(b)))
     except (TypeError, ValueError):
         return math.inf
 
 
 def _difference(array, reference):
-    """``(identical, max |array - reference|)``; NaNs at the same places count as identical, elsewhere as nan."""
+    """``(identical, max |array - reference|)``; NaNs at the same places count as identical, elsewhere as nan.
+
+    Compared in the arrays' own precision, or in float32 where numpy cannot compute in it (bfloat16, float8)
+    or would overflow (float16)."""
+    array, reference = computable(array), computable(reference)
     if np.array_equal(array, reference):  # one fast pass, the common case
         return True, 0.0
     if array.dtype.kind not in "biufc":
         return False, math.inf
     with np.errstate(invalid="ignore", over="ignore"):
-        if array.dtype.kind in "fc":  # in the array's own precision: one temporary, two passes
-            difference = np.subtract(array, reference)
+        if array.dtype.kind == "f":  # in the array's own precision: one temporary, two passes
+            difference = np.subtract(array, reference, out=np.empty_like(array))  # an array, 0-d ones too
             np.abs(difference, out=difference)
+        elif array.dtype.kind == "c":
+            difference = np.abs(np.subtract(array, reference))
         else:
             difference = np.abs(array.astype(np.float64) - reference)
         largest = float(difference.max())
