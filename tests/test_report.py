@@ -34,6 +34,15 @@ def test_numbers_numpy_and_tensors_become_floats(recorder):
     assert all(type(v) is float for v in values.values())
 
 
+def test_one_element_arrays_of_any_shape_become_floats(recorder):
+    """As one-element torch tensors do: numpy refuses float() of an array with dimensions, report() does not."""
+    recorder.report(None, None, {"a": np.array([0.5]), "b": np.array([[2]], dtype=np.int8), "c": np.array(1.5),
+                                 "d": np.array([True]), "e": np.float16([0.25]), "f": torch.tensor([[3.0]])})
+    ((_, _, _, values),) = recorder.sink.drain()
+    assert values == {"a": 0.5, "b": 2.0, "c": 1.5, "d": 1.0, "e": 0.25, "f": 3.0}
+    assert all(type(v) is float for v in values.values())
+
+
 def test_steps_count_per_run_and_runs_are_sticky(recorder):
     for _ in range(3):
         recorder.report(None, None, {"loss": 1.0})
@@ -61,6 +70,8 @@ def test_the_agent_is_woken_once_per_batch_not_per_call(recorder):
     (dict(step=None, run="", metrics={"x": 1}), "run=...) takes a non-empty name"),
     (dict(step=None, run=None, metrics={"x": "high"}), "x=...) takes a number (int, float, numpy scalar"),
     (dict(step=None, run=None, metrics={"g": torch.ones(3)}), "not a tensor of shape (3,); reduce it first"),
+    (dict(step=None, run=None, metrics={"g": np.ones((2, 2))}), "not an array of shape (2, 2); reduce it first"),
+    (dict(step=None, run=None, metrics={"s": np.array(["x"])}), "s=...) takes a number (int, float, numpy scalar"),
 ])
 def test_bad_input_says_what_to_do(recorder, call, message):
     with pytest.raises(TypeError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -36,9 +36,9 @@ def report(step=None, *, run=None, **metrics):
         Start or continue the named run; later calls without ``run`` stay in it. Runs are separate curves
         and separate step counters; the first run is called ``"main"``.
     **metrics : number
-        ``name=value`` pairs: Python or numpy numbers, or one-element torch tensors (CPU tensors are read at
-        once; tensors on an accelerator are read later, in one batch, so reporting does not synchronise the
-        device every step).
+        ``name=value`` pairs: Python or numpy numbers, or one-element arrays — torch tensors (CPU tensors are
+        read at once; tensors on an accelerator are read later, in one batch, so reporting does not synchronise
+        the device every step), numpy, JAX or TensorFlow arrays (read at once).
 
     Example
     -------
@@ -165,7 +165,11 @@ def nonfinite_message(name, value, step):
 
 
 def _number(name, value, *, defer=False):
-    """*value* as a float, or (with *defer*) a detached copy of a one-element accelerator tensor to read later."""
+    """*value* as a float, or (with *defer*) a detached copy of a one-element accelerator tensor to read later.
+
+    Takes Python and numpy numbers and one-element arrays of any framework: torch, numpy, JAX, TensorFlow.
+    """
+    given = value
     if type(value) in (float, int):
         return float(value)
     if hasattr(value, "detach") and hasattr(value, "numel"):  # a torch tensor
@@ -175,11 +179,24 @@ def _number(name, value, *, defer=False):
         if defer and not value.is_cpu:
             return _Deferred(value.detach().reshape(()).clone())
         return float(value.item())
+    shape = getattr(value, "shape", None)
+    if shape is not None and (hasattr(value, "__array__") or hasattr(value, "__dlpack__")):  # numpy, JAX, TF
+        import numpy as np
+
+        try:
+            value = np.asarray(value)  # never __dlpack__ (TF's aborts on strings); bfloat16 comes as ml_dtypes
+        except Exception:  # noqa: BLE001 - e.g. CuPy refuses an implicit copy: float() below says what it needs
+            pass
+        else:
+            if value.size != 1:
+                raise TypeError(f"mpinb.report({name}=...) takes one number, not an array of shape "
+                                f"{tuple(value.shape)}; reduce it first (e.g. {name}.mean()) or report each element")
+            value = value.reshape(())[()]
     try:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"mpinb.report({name}=...) takes a number (int, float, numpy scalar or one-element "
-                        f"tensor), not {type(value).__name__}") from None
+                        f"tensor or array), not {type(given).__name__}") from None
 
 
 class _Deferred:
