@@ -92,7 +92,7 @@ def _describe(leaf):
     if array is None:
         return {"value": leaf}
     dtype = getattr(leaf, "dtype", array.dtype)
-    name = getattr(dtype, "name", None)
+    name = str(dtype) if isinstance(dtype, np.dtype) else getattr(dtype, "name", None)  # TF: "bfloat16"
     return leaf_stats(array, name if isinstance(name, str) else str(dtype).removeprefix("torch."), "cpu")
 
 
