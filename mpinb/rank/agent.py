@@ -52,7 +52,9 @@ class Agent:
         report.recorder.sink = self.outbox.metrics
         self.stream = ZMQStream(self.inbox, io_loop=IOLoop.current())
         self.stream.on_recv(self._on_message)
-        self.inbox.send_multipart(wire.pack(key, ("hello", rank, stacks.install())))
+        path = stacks.install()
+        stacks.keep_native_stderr()
+        self.inbox.send_multipart(wire.pack(key, ("hello", rank, path)))
 
     def _on_message(self, frames):
         message = wire.unpack(self.key, frames)
@@ -65,11 +67,13 @@ class Agent:
         sys.stderr = ChannelStream(self.outbox, cell_id, "stderr", streams[1])
         # the kernel ignores SIGINT between requests; while a cell runs, SIGINT must interrupt it
         sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+        buffers = []
         try:
             reply = runner.run_cell(code, number=number)
-            buffers = []
             if options.get("gather"):
                 reply["gathered"], buffers = self._gather(options["gather"], options)
+        except BaseException as exc:  # noqa: BLE001 - a cell always gets its reply, or the notebook waits forever
+            reply, buffers = {"error": runner.describe_error(exc)}, []
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
@@ -112,7 +116,11 @@ class Agent:
             return wire.pack(self.key, ("reply", self.rank, cell_id, reply), buffers)
         except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel": send its repr instead
             reply = dict(reply, value=runner.stand_in(reply.get("value")))
-            return wire.pack(self.key, ("reply", self.rank, cell_id, reply), buffers)
+            try:
+                return wire.pack(self.key, ("reply", self.rank, cell_id, reply), buffers)
+            except Exception as exc:  # noqa: BLE001 - even the stand-in failed: say so rather than stay silent
+                error = runner.describe_error(exc)
+                return wire.pack(self.key, ("reply", self.rank, cell_id, {"error": error}))
 
     def close(self):
         self.stream.close()

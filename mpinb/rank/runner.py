@@ -79,17 +79,43 @@ def _compile(source, filename):
 
 
 def describe_error(exc, shell=None):
-    """Type, message and a traceback rendered like IPython's (frames of this module left out)."""
+    """Type, message and a traceback rendered like IPython's (frames of this module left out).
+
+    Never raises: an exception whose ``__str__`` (or whose traceback's rendering) fails is still described,
+    with what could not be rendered said in its place.
+    """
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    if shell is not None:
-        lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
-    else:
-        lines = traceback.format_exception(type(exc), exc, tb)
-    return {"ename": type(exc).__name__, "evalue": str(exc), "traceback": list(lines)}
+    ename = type(exc).__name__
+    evalue = _text(exc)
+    try:
+        if shell is not None:
+            lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
+        else:
+            lines = traceback.format_exception(type(exc), exc, tb)
+        lines = [str(line) for line in lines]
+    except Exception:  # noqa: BLE001 - the rendering itself failed: fall back to the frames alone
+        lines = ["Traceback (most recent call last):\n", *traceback.format_tb(tb), f"{ename}: {evalue}\n"]
+    return {"ename": ename, "evalue": evalue, "traceback": lines}
+
+
+def _text(exc):
+    """``str(exc)``, or why it has none (its ``__str__`` raised)."""
+    try:
+        return str(exc)
+    except Exception as inner:  # noqa: BLE001 - user code's __str__ may raise anything
+        try:
+            inner_text = f"{type(inner).__name__}: {inner}"
+        except Exception:  # noqa: BLE001
+            inner_text = type(inner).__name__
+        return f"<str() of this {type(exc).__name__} raised {inner_text}>"
 
 
 def stand_in(value):
     """A :class:`RemoteValue` carrying *value*'s repr, for a value that cannot be pickled."""
-    return RemoteValue(type(value).__name__, repr(value))
+    try:
+        text = repr(value)
+    except Exception as exc:  # noqa: BLE001 - a user type's __repr__ may raise
+        text = f"<{type(value).__name__} object: its repr() raised {type(exc).__name__}>"
+    return RemoteValue(type(value).__name__, text)
