@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from .rank.stacks import SIGNAL, stderr_path
+from .rank.stacks import SIGNAL, native_stderr_path, stderr_path
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -46,12 +46,38 @@ class RankStack:
             return f"{verb} {inside}, called at cell line {line}: {text}"
         return f"{verb} {inside}"
 
+    def in_communication(self, cell_source=""):
+        """Whether the rank waits inside a communication call (MPI, torch.distributed, mpinb's own), where an
+        interrupt does not reach it: its innermost Python frame is in one of those libraries, or is a line of
+        the cell that calls one."""
+        if not self.frames:
+            return False
+        file, line, _ = self.frames[0]
+        if any(part in file for part in _COMMUNICATION_FILES):
+            return True
+        lines = cell_source.splitlines()
+        text = lines[line - 1] if file == self.cell_file and 0 < line <= len(lines) else _source_line(file, line)
+        return bool(_COMMUNICATION_CALL.search(text))
+
     def text(self):
         """The stack from the cell inwards as ``File ..., line N in f`` lines, outermost first like a traceback
         (the engine's own frames above the cell say nothing about the cell)."""
         frames = list(reversed(self.frames))
         cell = next((i for i, (file, _, _) in enumerate(frames) if file == self.cell_file), 0)
         return "\n".join(f'  File "{file}", line {line}, in {function}' for file, line, function in frames[cell:])
+
+
+_COMMUNICATION_FILES = ("/mpi4py/", "/torch/distributed/", "/mpinb/rank/data_parallel.py", "/mpinb/rank/gather.py")
+_COMMUNICATION_CALL = re.compile(
+    r"\b(comm|MPI|dist|world|COMM_WORLD)\b[\w.]*\.\w+\(|\.(Barrier|barrier|I?[Aa]ll[Rr]educe|[Aa]llgather|"
+    r"[Bb]cast|[Ss]catter|[Gg]ather|[Rr]educe|[Ss]end|[Rr]ecv|Sendrecv|sendrecv|[Ww]ait|[Ww]aitall|"
+    r"all_reduce|all_gather|broadcast|synchronize)\(|\b(allreduce_gradients|broadcast_parameters)\(")
+
+
+def _source_line(file, line):
+    import linecache
+
+    return linecache.getline(file, line)
 
 
 def capture_stacks(world, ranks, *, wait=1.5):
@@ -126,7 +152,9 @@ class Death:
     rank: int
     returncode: int = None  # negative: killed by that signal
     when: float = None
-    abort: str = ""
+    abort: str = ""  # "called MPI_Abort(MPI_COMM_WORLD, 3)"
+    abort_code: int = None
+    aborted_by: tuple = None  # (rank, "called MPI_Abort(...)") of the rank whose MPI_Abort ended the job
 
     def describe(self):
         if self.abort:
@@ -146,7 +174,7 @@ def death_report(world, dead, *, wait=1.0):
     deadline = time.monotonic() + wait
     while True:
         deaths = {rank: _death(world, rank) for rank in dead}
-        output = world.launcher_output()
+        output = world.launcher_output() + "\n" + _native_stderr(world, world.ranks)
         culprit = any(d.returncode not in (None, -signal.SIGKILL) for d in deaths.values())
         if (culprit or all(d.returncode is not None for d in deaths.values()) or _ABORT.search(output)
                 or time.monotonic() > deadline):
@@ -154,10 +182,26 @@ def death_report(world, dead, *, wait=1.0):
         time.sleep(0.05)
     for match in _ABORT.finditer(output):
         rank = int(match.group(3))
+        for death in deaths.values():  # who ended the job, even when MPI_Abort let its caller go on (it can)
+            death.aborted_by = death.aborted_by or (rank, f"called MPI_Abort({match.group(1)}, {match.group(2)})")
         if rank in deaths:
             deaths[rank].abort = f"called MPI_Abort({match.group(1)}, {match.group(2)})"
+            deaths[rank].abort_code = int(match.group(2))
             deaths[rank].when = min(deaths[rank].when or math.inf, 0.0)  # it started the end
     return deaths
+
+
+def _native_stderr(world, ranks):
+    """What C code on *ranks* wrote to standard error (MPI's own notices), from the ranks' files."""
+    texts = []
+    for rank in ranks:
+        path = world.stack_files.get(rank)
+        try:
+            with open(native_stderr_path(path), errors="replace") as file:
+                texts.append(file.read()[-(64 << 10):])
+        except (OSError, TypeError):
+            pass
+    return "\n".join(texts)
 
 
 def _death(world, rank):

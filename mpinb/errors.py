@@ -4,7 +4,13 @@ from .ranks import label_ranks
 
 
 class MPIError(Exception):
-    """Something about the MPI world itself went wrong (start, stop, a rank that vanished)."""
+    """Something about the MPI world itself went wrong (start, stop, a rank that vanished).
+
+    Its message says what happened and what to do; the notebook shows it without mpinb's own frames.
+    """
+
+    def _render_traceback_(self):
+        return [f"\x1b[1;31mMPIError\x1b[0m: {self}"]
 
 
 class RankError(Exception):
@@ -16,7 +22,8 @@ class RankError(Exception):
 
     SECONDARY = ("Timeout", "Aborted", "KeyboardInterrupt", "RankLost")  # shown after the real exceptions
 
-    def __init__(self, failures, ranks, notes=()):
+    def __init__(self, failures, ranks, notes=(), *, what="failed"):
+        self.what = what
         self.failures = dict(sorted(failures.items()))
         self.ranks = list(ranks)
         self.notes = list(notes)
@@ -33,7 +40,12 @@ class RankError(Exception):
 
     def summary(self):
         failed = list(self.failures)
-        head = f"cell failed on {label_ranks(failed)} ({len(failed)} of {len(self.ranks)} ran it)"
+        finished = [rank for rank in self.ranks if rank not in self.failures]
+        if not finished:
+            head = f"cell {self.what} on every rank it ran on ({label_ranks(failed)})" if len(failed) > 1 else \
+                f"cell {self.what} on {label_ranks(failed)}, the only rank it ran on"
+        else:
+            head = f"cell {self.what} on {label_ranks(failed)}; {label_ranks(finished)} finished it"
         lines = [f"{label_ranks(ranks)}: {f['ename']}: {f['evalue']}" for ranks, f in self.groups]
         return head + "\n" + "\n".join(lines + self.notes)
 
@@ -45,6 +57,20 @@ class RankError(Exception):
             out.append("")
         out.append(f"RankError: {self.summary()}")
         return out
+
+
+class Interrupted(KeyboardInterrupt):
+    """The cell was stopped (the Stop button, Ctrl-C): a ``KeyboardInterrupt`` that shows, rank by rank, where
+    each rank was (like :class:`RankError`) instead of the notebook's own frames."""
+
+    def __init__(self, failures, ranks, notes=()):
+        self.error = RankError(failures, ranks, notes=notes, what="interrupted")
+        super().__init__(self.error.summary())
+
+    def _render_traceback_(self):
+        lines = self.error._render_traceback_()
+        lines[-1] = f"KeyboardInterrupt: {self}"
+        return lines
 
 
 class GatherError(Exception):

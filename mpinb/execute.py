@@ -1,6 +1,7 @@
 """Run a cell on the ranks: stream their output by rank, wait, and turn replies into values or one error."""
 
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -43,8 +44,6 @@ class CellResult:
 
     def raise_for_errors(self, notes=()):
         if self.errors:
-            if self.trouble in ("timeout", "failure") and self.finished:
-                notes = [f"{label_ranks(self.finished)} had finished the cell", *notes]
             raise RankError(self.errors, self.ranks, notes=notes)
 
     def raise_for_gather_errors(self):
@@ -84,13 +83,17 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     check_liveness_at = time.monotonic() + liveness_every
     wait = liveness_every if metrics is None else min(liveness_every, metrics.refresh_interval)
 
-    def stop(reason):
+    def stop(reason, stacks=None):
+        """Say at once who failed and where every running rank is, then interrupt those ranks. Ranks waiting in
+        communication do not answer an interrupt: when all of them do, they are given up on at once."""
         nonlocal give_up_at
         pending = [rank for rank in ranks if rank not in replies]
         result.trouble = reason
-        result.stacks = capture_stacks(world, pending)
+        result.stacks = stacks or capture_stacks(world, pending)
+        _announce(result, pending, code, timeout, first_failure, replies, printer)
         world.interrupt(pending)
-        give_up_at = time.monotonic() + interrupt_grace
+        waiting = all(result.stacks[rank].in_communication(code) for rank in pending if rank in result.stacks)
+        give_up_at = time.monotonic() + (min(COMMUNICATION_GRACE, interrupt_grace) if waiting else interrupt_grace)
 
     while len(replies) < len(ranks):
         try:
@@ -109,6 +112,10 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                         _unpack_gathered(world, result, message[1], message[3])
                     if "error" in message[3] and first_failure is None and result.trouble is None:
                         first_failure = (message[1], time.monotonic())
+                        pending = [rank for rank in ranks if rank not in replies]
+                        early = capture_stacks(world, pending) if pending and abort_grace is not None else {}
+                        if early and all(stack.in_communication(code) for stack in early.values()):
+                            stop("failure", early)  # they wait for the failed rank: no point in waiting for them
             now = time.monotonic()
             if metrics is not None:
                 metrics.tick(now)
@@ -164,6 +171,27 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     return result
 
 
+COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
+
+
+def _announce(result, pending, code, timeout, first_failure, replies, printer):
+    """The diagnosis, printed the moment the cell is stopped: why, then where each running rank is."""
+    printer.finish()
+    if result.trouble == "failure" and first_failure is not None:
+        error = replies[first_failure[0]]["error"]
+        why = f"rank {first_failure[0]} failed ({error['ename']}: {error['evalue'].splitlines()[0] if error['evalue'] else ''})"
+    elif result.trouble == "timeout":
+        why = f"the cell ran past its {timeout:g} s timeout"
+    else:
+        why = "interrupted"
+    lines = [f"[mpinb] {why}; stopping {label_ranks(pending)}:"]
+    for rank in pending:
+        stack = result.stacks.get(rank)
+        lines.append(f"[mpinb]   rank {rank}: {stack.where(code) if stack is not None else 'position unknown'}")
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
+
+
 def _stopped(result, rank, code, timeout, grace, *, answered):
     """The error of a rank mpinb stopped: why, where it was, and whether it answered the interrupt."""
     stack = result.stacks.get(rank)
@@ -187,10 +215,12 @@ def _check_deaths(world, ranks, replies, result, code):
         return
     deaths = death_report(world, dead, wait=2.0)
     if result.first_death is None and all(d.returncode is None and not d.abort for d in deaths.values()):
+        caller = next((d.aborted_by for d in deaths.values() if d.aborted_by), None)
         for rank in dead:  # nobody could record anything: the job was ended as a whole
-            replies[rank] = {"error": _lost(
-                f"rank {rank} died with the whole job at once, leaving no exit status (MPI_Abort on some rank, "
-                "or mpiexec was killed)\n%mpi restart starts a fresh world of the same size")}
+            why = (f"rank {rank} was ended by mpiexec after rank {caller[0]} {caller[1]}" if caller else
+                   f"rank {rank} died with the whole job at once, leaving no exit status (MPI_Abort on some rank, "
+                   "or mpiexec was killed)")
+            replies[rank] = {"error": _lost(why + "\n%mpi restart starts a fresh world of the same size")}
         result.first_death = min(dead)
         return
     for death in sorted(deaths.values(), key=lambda d: (d.when is None, d.when or 0.0)):
@@ -198,6 +228,9 @@ def _check_deaths(world, ranks, replies, result, code):
         if result.first_death is None:
             result.first_death = rank
             message = f"rank {rank} died: {death.describe()}"
+            if death.abort:
+                message = (f"rank {rank} {death.abort}, so mpiexec ended every rank of the job "
+                           f"(error code {death.abort_code})")
             crash = fatal_stack(world, rank) if death.returncode is not None and death.returncode < 0 else None
             if crash is not None and crash.frames:
                 message += " " + crash.where(code, verb="in")
@@ -206,7 +239,8 @@ def _check_deaths(world, ranks, replies, result, code):
             if tail:
                 message += f"; its last stderr lines:\n{tail}"
         elif death.returncode in (-signal.SIGKILL, None):
-            message = f"rank {rank} was ended by mpiexec after rank {result.first_death} died"
+            cause = "called MPI_Abort" if deaths.get(result.first_death, death).abort else "died"
+            message = f"rank {rank} was ended by mpiexec after rank {result.first_death} {cause}"
         else:
             message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"
         replies[rank] = {"error": _lost(message + "\n%mpi restart starts a fresh world of the same size", frames)}

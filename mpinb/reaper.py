@@ -17,7 +17,7 @@ import time
 
 import psutil
 
-from .rank.stacks import stack_path, stderr_path
+from .rank.stacks import native_stderr_path, stack_path, stderr_path
 
 
 def main(argv):
@@ -34,14 +34,24 @@ def main(argv):
             continue
         if abs(process.create_time() - float(started)) < 0.01:
             processes.append(process)
-    while psutil.pid_exists(watched) and any(p.is_running() for p in processes):
+    while alive(watched) and any(alive(p) for p in processes):
         time.sleep(0.5)
-    if cancel and not psutil.pid_exists(watched):
+    if cancel and not alive(watched):
         subprocess.run(cancel, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=60, check=False)
     signal_all(processes, "terminate")
     end_processes(processes, grace=3)
     remove_world_files(status_dir, [process.pid for process in processes])
+
+
+def alive(process):
+    """Whether *process* (a pid or a ``psutil.Process``) still runs; a zombie (killed, not yet waited for by
+    its parent) does not."""
+    try:
+        process = psutil.Process(process) if isinstance(process, int) else process
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def signal_all(processes, how):
@@ -66,7 +76,7 @@ def remove_world_files(status_dir, pids, stack_files=()):
     if status_dir:
         shutil.rmtree(status_dir, ignore_errors=True)
     for path in {*stack_files, *(stack_path(pid) for pid in pids)}:
-        for kept in (path, stderr_path(path)):
+        for kept in (path, stderr_path(path), native_stderr_path(path)):
             try:
                 os.unlink(kept)
             except FileNotFoundError:

@@ -32,6 +32,31 @@ def stderr_path(path):
     return path.replace("mpinb-stacks-", "mpinb-stderr-")
 
 
+def native_stderr_path(path):
+    """Where the rank that dumps stacks to *path* sends what C code writes to its standard error."""
+    return path.replace("mpinb-stacks-", "mpinb-cstderr-")
+
+
+def keep_native_stderr():
+    """Point file descriptor 2 at this rank's :func:`native_stderr_path` file (appending), and descriptor 1 back
+    at mpiexec.
+
+    The engine's kernel had pointed both at pipes that a thread drains later, so what C code wrote just before
+    the process ended, MPI's own ``MPI_Abort`` notice among it, was lost; Hydra's forwarding to mpiexec races
+    with its ending the job just the same. A file keeps every line at once, for the notebook to read.
+    """
+    import sys
+
+    for stream in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
+        copy, fd = getattr(stream, "_original_stdstream_copy", None), getattr(stream, "_original_stdstream_fd", None)
+        if copy is not None and fd == 1:
+            os.dup2(copy, fd)
+    if _file is not None:
+        native = os.open(native_stderr_path(_file.name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(native, 2)
+        os.close(native)
+
+
 def install(directory=None):
     """Dump stacks to a per-rank file on :data:`SIGNAL`; return the file's path. Idempotent."""
     global _file
