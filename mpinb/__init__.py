@@ -8,7 +8,7 @@ from .rank.report import report
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load_ipython_extension", "metrics", "read_metrics", "report",
-           "unload_ipython_extension"]
+           "unload_ipython_extension", "view"]
 
 
 def metrics(run=None):
@@ -18,14 +18,27 @@ def metrics(run=None):
     rank reported it), sorted by run, rank and step. Nothing is decimated: every reported value is here.
     *run* keeps one run only. Call it in the notebook, after ``%load_ext mpinb``.
     """
+    return _magics("mpinb.metrics() (on a rank, mpinb.report() is what sends values)").history.to_frame(run)
+
+
+def view():
+    """The running world's ipyparallel ``DirectView``, one target per rank in rank order (blocking).
+
+    For ipyparallel's own tools on mpinb's ranks: ``mpinb.view().scatter("a", range(8))``,
+    ``.push``, ``.pull``, ``.apply``; ``%mpi view`` makes it the view ``%px`` and ``%%px`` run on. Names are
+    shared with ``%%mpi`` cells (one namespace per rank). Call it in the notebook after ``%load_ext mpinb``.
+    """
+    return _magics("mpinb.view()").world_view()
+
+
+def _magics(what):
     from IPython import get_ipython
 
     shell = get_ipython()
     magics = shell.magics_manager.registry.get("MPIMagics") if shell is not None else None
     if magics is None:
-        raise RuntimeError("mpinb.metrics() reads the notebook's copy of what ranks reported: call it in the "
-                           "notebook after %load_ext mpinb (on a rank, mpinb.report() is what sends values)")
-    return magics.history.to_frame(run)
+        raise RuntimeError(f"{what} is for the notebook: call it after %load_ext mpinb")
+    return magics
 
 
 def read_metrics(pattern):

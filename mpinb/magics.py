@@ -1,5 +1,7 @@
 """``%mpi`` and ``%%mpi``: parse arguments, then hand over to plain functions in cluster.py and execute.py."""
 
+import keyword
+import math
 import re
 import shlex
 import sys
@@ -13,7 +15,8 @@ from IPython.display import display
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
 from . import execute
-from .cluster import World
+from .cluster import World, check_size
+from .errors import Interrupted
 from .launchers import LAUNCHERS, Placement
 from .live import CellStatus, LiveMetrics
 from .output import RankPrinter
@@ -44,6 +47,11 @@ class MPIMagics(Magics):
     account = Unicode("", config=True, help="Batch launchers: the account the job is charged to.")
     scheduler_args = List(Unicode(), config=True,
                           help="Batch launchers: more job-script directives, e.g. ['--gres=gpu:1'].")
+    threads_per_rank = Integer(
+        0, config=True,
+        help="Threads each rank's math libraries (OpenMP, BLAS, torch, TensorFlow) may use: 0 gives each rank an "
+             "equal share of its host's cores, as torchrun does; negative leaves the libraries' defaults. Shown "
+             "by %mpi status; OMP_NUM_THREADS and the like set in the environment win.")
     start_timeout = Float(60.0, config=True, help="Seconds to wait for all ranks to come up.")
     heartbeat_ms = Integer(500, config=True, help="Controller-engine heartbeat period in milliseconds.")
     stream = Bool(True, config=True, help="Print rank output while the cell runs (else in rank order at the end).")
@@ -92,6 +100,7 @@ class MPIMagics(Magics):
             %mpi output
             %mpi metrics [--run NAME]
             %mpi grads MODEL
+            %mpi view
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
@@ -103,6 +112,7 @@ class MPIMagics(Magics):
         table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
         ``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and
         the largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
+        ``view`` makes the world's ipyparallel view (``mpinb.view()``) the one ``%px`` runs on.
         The world stops with the kernel.
 
         Examples
@@ -121,7 +131,7 @@ class MPIMagics(Magics):
             In [5]: %mpi stop
             In [6]: %mpi start -n 64 --launcher slurm --partition gpu --time 1:00:00 --ip 0.0.0.0
         """
-        args = _line_parser().parse_args(shlex.split(line))
+        args = _line_parser().parse_args(_split(line, "%mpi"))
         if args.command == "start":
             if self.world is not None and self.world.running:
                 raise UsageError(
@@ -146,6 +156,10 @@ class MPIMagics(Magics):
             self.show_metrics(run=args.run)
         elif args.command == "grads":
             self.show_grads(args.model)
+        elif args.command == "view":
+            self.world_view().activate()
+            print("%px and %%px now run on every rank of this world (ipyparallel labels their output by engine "
+                  "id); mpinb.view() is the same view")
 
     # ------------------------------------------------------------------ %%mpi
 
@@ -193,10 +207,17 @@ class MPIMagics(Magics):
 
             In [3]: %%mpi
                ...: 1 / 0
-            RankError: cell failed on ranks 0-3 of 0-3
+            RankError: cell failed on every rank it ran on (ranks 0-3)
             ranks 0-3: ZeroDivisionError: division by zero
         """
+        _split(line, "%%mpi")  # unbalanced quotes are a usage error, not shlex's ValueError
         args = magic_arguments.parse_argstring(self.mpi_cell, line)
+        for name in args.gather or ():
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise UsageError(f"--gather takes variable names, not {name!r}")
+        timeout = self.timeout if args.timeout is None else args.timeout
+        if not math.isfinite(timeout) or timeout < 0:
+            raise UsageError(f"--timeout takes seconds, a number of at least 0 (0: no limit), not {timeout:g}")
         self.ensure_world(n=args.n)
         ranks = None
         if args.ranks is not None:
@@ -205,12 +226,6 @@ class MPIMagics(Magics):
             except ValueError as exc:
                 raise UsageError(f"--ranks: {exc}") from None
         stream = self.stream if args.stream is None else args.stream
-        for name in args.gather or ():
-            if not name.isidentifier():
-                raise UsageError(f"--gather takes variable names, not {name!r}")
-        timeout = self.timeout if args.timeout is None else args.timeout
-        if timeout < 0:
-            raise UsageError(f"--timeout takes seconds (0 for no limit), not {timeout:g}")
         result = self.run(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect,
                           timeout=timeout)
         if result.values:
@@ -223,8 +238,6 @@ class MPIMagics(Magics):
         """Start a world of *n* ranks (``default_ranks`` if ``None``) and make it current; every other option
         left ``None`` takes its ``MPIMagics`` setting."""
         n = self.default_ranks if n is None else n
-        if n < 1:
-            raise UsageError(f"-n must be at least 1, not {n}")
         placement = Placement(
             launcher=launcher or self.launcher,
             hostfile=hostfile or self.hostfile or None,
@@ -241,6 +254,7 @@ class MPIMagics(Magics):
             ip=ip or self.ip,
             heartbeat_ms=self.heartbeat_ms,
             start_timeout=self.start_timeout,
+            threads=self.threads_per_rank,
         )
         self.world = _timed_start(world.start)
         self.history = History()
@@ -264,6 +278,8 @@ class MPIMagics(Magics):
     def ensure_world(self, *, n=None):
         """The running world; start one of *n* ranks if there is none. A size mismatch is a ``UsageError``."""
         if self.world is not None and self.world.running:
+            if n is not None:
+                check_size(n, self.world.placement)
             if n is not None and n != self.world.size:
                 raise UsageError(
                     f"a {self.world.size}-rank world is running, not {n}: %mpi restart -n {n} replaces it "
@@ -297,12 +313,11 @@ class MPIMagics(Magics):
             )
         except KeyboardInterrupt as exc:
             stopped = getattr(exc, "mpinb_result", None)
-            if stopped is not None:
-                self.last = stopped
-                where = [f"rank {rank}: {error['evalue']}" for rank, error in stopped.errors.items()]
-                print("[mpinb] interrupted; " + "\n".join(where), file=sys.stderr)
-                self._recover(stopped)
-            raise
+            if stopped is None:
+                raise
+            self.last = stopped
+            notes = self._recover(stopped)
+            raise Interrupted(stopped.errors, stopped.ranks, notes=notes) from None
         if not stream:
             print(result.rank_ordered())
         self.shell.user_ns.update(result.gathered)
@@ -349,6 +364,12 @@ class MPIMagics(Magics):
         else:
             print(inspector_text(reports))
 
+    def world_view(self):
+        """ipyparallel's DirectView of the running world, one target per rank in rank order."""
+        if self.world is None or not self.world.running:
+            raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        return self.world.view
+
     def show_status(self):
         if self.world is None or not self.world.running:
             print("no MPI world is running: %mpi start -n N starts one")
@@ -371,6 +392,9 @@ class MPIMagics(Magics):
         code = f"__import__('mpinb.rank.inspect', fromlist=['grad_stats']).grad_stats({model!r})"
         result = execute.run_cell(self.world, code, printer=RankPrinter(color=_color(self.shell)),
                                   interrupt_grace=self.interrupt_grace)
+        problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "ValueError"}
+        if result.errors and len(problems) == 1 and len(result.errors) == len(result.ranks):
+            raise UsageError(f"%mpi grads {model}: {problems.pop()}")  # grad_stats named the ranks and the cause
         result.raise_for_errors()
         reports = grad_report(dict(result.values))
         if _in_notebook(self.shell):
@@ -403,9 +427,17 @@ def _timed_start(start):
     return world
 
 
+def _split(line, magic):
+    """*line* split as a shell would; unbalanced quotes are a ``UsageError``."""
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{magic} {line}: {str(exc).lower()} (close the quote, or escape it with \\)") from None
+
+
 def _line_parser():
     parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
-    commands = parser.add_subparsers(dest="command", metavar="{start,stop,restart,status,output,metrics,grads}")
+    commands = parser.add_subparsers(dest="command", metavar="{start,stop,restart,status,output,metrics,grads,view}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -430,6 +462,7 @@ def _line_parser():
     metrics.add_argument("--run", default=None, help="only this run (default: all)")
     grads = commands.add_parser("grads", help="per layer and rank: gradient norms, and where ranks disagree")
     grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
+    commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
     return parser
 
 

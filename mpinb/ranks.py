@@ -2,7 +2,7 @@
 
 import re
 
-_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_ITEM = re.compile(r"^\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?$", re.ASCII)
 
 
 def parse_ranks(text, size):
@@ -22,10 +22,10 @@ def parse_ranks(text, size):
         high = int(match.group(2)) if match.group(2) is not None else low
         if high < low:
             raise ValueError(f"rank range {item.strip()!r} runs backwards: write it low-high, like {high}-{low}")
+        if high >= size:  # checked before the range is built: 0-3000000 must not build three million ranks
+            outside = _span(max(low, size), high)
+            raise ValueError(f"rank {outside} not in this world of {size} (ranks {_span(0, size - 1)})")
         ranks.update(range(low, high + 1))
-    outside = sorted(r for r in ranks if r >= size)
-    if outside:
-        raise ValueError(f"rank {format_ranks(outside)} not in this world of {size} (ranks 0-{size - 1})")
     return sorted(ranks)
 
 

@@ -98,8 +98,20 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
                             **({"device_id": device} if chosen == "nccl" else {}))
     _current.update(backend=chosen, rank=comm.rank, size=comm.size, local_rank=local_rank,
                     device=str(device) if device is not None else "cpu", note=note)
-    atexit.register(destroy_process_group)
+    atexit.register(_destroy_at_exit)
     return dict(_current)
+
+
+def _destroy_at_exit():
+    """Tear the group down as the process exits, unless it exits with an unhandled exception: then the other
+    ranks may be waiting for this one inside a collective, a barrier here would wait for them forever, and the
+    job must end at once (``python -m mpi4py`` aborts it after the exit handlers, plain mpiexec when this rank
+    exits non-zero)."""
+    import sys
+
+    if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return
+    destroy_process_group()
 
 
 def destroy_process_group():

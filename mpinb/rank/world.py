@@ -4,12 +4,21 @@ import os
 import socket
 
 
-def init_world(namespace=None):
-    """Put ``comm``, ``rank`` and ``size`` into *namespace* and return this rank's identity.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 
-    *namespace* defaults to the IPython user namespace of the engine this runs in.
+
+def init_world(namespace=None, *, threads=0):
+    """Put ``comm``, ``rank`` and ``size`` into *namespace*, share the cores, and return this rank's identity.
+
+    *namespace* defaults to the IPython user namespace of the engine this runs in. *threads* is how many threads
+    each rank's math libraries (OpenMP, BLAS, torch, TensorFlow) may use: 0 gives each rank an equal share of
+    the cores of its host, as ``torchrun`` does, so ranks sharing a host do not oversubscribe it; a negative
+    number leaves the libraries' own defaults. A thread variable already in the environment is kept.
     """
     from mpi4py import MPI
+
+    share_cores(MPI.COMM_WORLD, threads)
 
     if namespace is None:
         from IPython import get_ipython
@@ -17,7 +26,55 @@ def init_world(namespace=None):
         namespace = get_ipython().user_ns
     comm = MPI.COMM_WORLD
     namespace.update(comm=comm, rank=comm.rank, size=comm.size, MPI=MPI)
+    guard_world(MPI)
     return identity()
+
+
+class NoKeyboard(EOFError):
+    """``input()`` on a rank: there is nobody to type (an ``EOFError``, as code that handles end of input expects)."""
+
+
+def guard_world(MPI):
+    """What would otherwise hang or fail silently on a rank of a notebook's world says why instead.
+
+    ``MPI.Finalize()`` mid-cell would end MPI on one rank while the notebook still drives the others (the next
+    collective blocks forever); ``input()`` would read end-of-file from mpiexec's stdin without a word.
+    """
+    import builtins
+
+    def finalize():
+        raise RuntimeError("MPI.Finalize() is not for a notebook's world: it would end MPI on this rank while the "
+                           "notebook still drives the others. %mpi stop ends the world (and MPI on every rank); "
+                           "a script exported with mpinb export may call it")
+
+    def keyboard(prompt=""):
+        raise NoKeyboard("input() on a rank has no keyboard to read from: set the value in the cell, or read it "
+                         "in the notebook and pass it in, e.g. value = comm.bcast(value, root=0)")
+
+    MPI.Finalize = finalize
+    builtins.input = keyboard
+
+
+def share_cores(comm, threads=0):
+    """Set each math library's thread count for this rank (see :func:`init_world`); return it, or ``None``."""
+    if threads < 0:
+        return None
+    if threads == 0:
+        from mpi4py import MPI
+
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        ranks_here = local.size
+        local.Free()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // ranks_here)
+    for name in THREAD_VARIABLES:
+        os.environ.setdefault(name, str(threads))
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    import sys
+
+    if "torch" in sys.modules:  # read its variable at import: already imported, it is told directly
+        sys.modules["torch"].set_num_threads(threads)
+    return threads
 
 
 def identity():
@@ -31,4 +88,5 @@ def identity():
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "mpi": " ".join(MPI.Get_library_version().split("\n")[0].split()),
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
     }

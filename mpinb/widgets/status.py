@@ -4,7 +4,7 @@ import html
 
 from .text import aligned
 
-COLUMNS = ("rank", "host", "pid", "state")
+COLUMNS = ("rank", "host", "pid", "threads", "state")
 _STATE_COLOURS = {"idle": "#2e7d32", "busy": "#ef6c00", "dead": "#c62828"}
 
 
