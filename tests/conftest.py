@@ -1,4 +1,6 @@
+import os
 import signal
+import uuid
 
 import psutil
 import pytest
@@ -63,13 +65,29 @@ def assert_all_gone(processes, timeout=10):
     assert not alive, f"processes left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
-def leftover_ranks(since, timeout=10):
-    """Pids of rank processes (mpinb's engine wrapper) started since *since* still alive after *timeout* s: what
-    a notebook's kernel left behind, whichever world started them."""
+TAG = "MPINB_TEST_TAG"
+
+
+def new_world_tag():
+    """Mark every process started from now on with a fresh tag in its environment (kernels, mpiexec and ranks
+    inherit it), so that a check for leftovers sees only what this test started, whatever else runs here."""
+    tag = uuid.uuid4().hex
+    os.environ[TAG] = tag
+    return tag
+
+
+def leftover_ranks(tag, timeout=10):
+    """Pids of rank processes (mpinb's engine wrapper) carrying *tag* (:func:`new_world_tag`) still alive after
+    *timeout* s: what a notebook's kernel left behind, and nothing another job on this machine runs."""
     started = []
-    for process in psutil.process_iter(["cmdline", "create_time"]):
-        if (process.info["create_time"] or 0) >= since and "mpinb.rank.launch" in (process.info["cmdline"] or []):
-            started.append(process)
+    for process in psutil.process_iter(["cmdline"]):
+        if "mpinb.rank.launch" not in (process.info["cmdline"] or []):
+            continue
+        try:
+            if process.environ().get(TAG) == tag:
+                started.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
     _, alive = psutil.wait_procs(started, timeout=timeout)
     return [process.pid for process in alive]
 

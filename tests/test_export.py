@@ -5,7 +5,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -16,7 +15,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from mpinb import read_metrics
 from mpinb.preflight import default_mpiexec
 
-from conftest import leftover_ranks
+from conftest import leftover_ranks, new_world_tag
 
 TRAINING = [
     new_markdown_cell("# Data-parallel training, exported"),
@@ -80,12 +79,12 @@ def final_loss(text):
 @pytest.mark.slow
 def test_exported_training_gives_the_notebooks_loss(tmp_path):
     notebook = training_notebook(tmp_path / "train.ipynb")
-    started = time.time()
+    tag = new_world_tag()
     executed = nbformat.read(notebook, as_version=4)
     client = NotebookClient(executed, timeout=180, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
-    assert not leftover_ranks(since=started)
+    assert not leftover_ranks(tag)
     code = [cell for cell in executed.cells if cell.cell_type == "code"]
     text = ["".join(out.get("text", "") for out in cell.outputs) for cell in code]
     assert "[rank 1] rank 1 of 2 says goodbye" in text[5]

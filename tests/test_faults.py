@@ -3,7 +3,6 @@
 import _thread
 import re
 import threading
-import time
 
 import pytest
 
@@ -21,26 +20,28 @@ elif rank == 1:
 """
 
 
-def timed(fn):
-    started = time.monotonic()
+INTERNAL = re.compile(r"mpinb/(magics|execute|channel|cluster)\.py|site-packages/(zmq|ipyparallel)/")
+
+
+def failed(fn):
+    """The exception *fn* raises (how long it took is measured in benchmarks/diagnosis.py, not here)."""
     with pytest.raises(BaseException) as raised:
         fn()
-    return raised.value, time.monotonic() - started
+    return raised.value
 
 
 def test_timeout_shows_where_each_rank_is_and_restarts_a_stuck_world(ip, magics, world_of, mpi, capsys):
     world = world_of(3)
     old = world_processes(world)
-    error, seconds = timed(lambda: mpi(DEADLOCK, line="--timeout 2"))
+    error = failed(lambda: mpi(DEADLOCK, line="--timeout 2"))
     assert isinstance(error, RankError)
     text = str(error)
     assert "rank 0: Timeout: still running after 2 s, blocked in comm.recv(source=1) at cell line 3" in text
     assert "rank 1: Timeout: still running after 2 s, blocked in comm.recv(source=0) at cell line 5" in text
-    assert "rank 2 had finished the cell" in text
+    assert "; rank 2 finished it" in text
     assert "ranks 0-1 did not answer the interrupt (blocked in MPI or C), so the world was restarted" in text
     assert "every rank's variables are gone" in text
     assert any("Where it was" in line for ranks, failure in error.groups for line in failure["traceback"])
-    assert seconds < 2 + magics.interrupt_grace + 20  # the diagnosis, then a fresh world
     assert_all_gone(old)  # the stuck world's processes
     assert mpi("rank") == {0: 0, 1: 1, 2: 2}  # a fresh world of the same size answers
 
@@ -48,21 +49,20 @@ def test_timeout_shows_where_each_rank_is_and_restarts_a_stuck_world(ip, magics,
 def test_timeout_on_python_code_interrupts_without_a_restart(world_of, mpi):
     world = world_of(2)
     mpi("kept = 42")
-    error, seconds = timed(lambda: mpi("import time\ntime.sleep(60 if rank == 1 else 0)", line="--timeout 1"))
+    error = failed(lambda: mpi("import time\ntime.sleep(60 if rank == 1 else 0)", line="--timeout 1"))
     assert "rank 1: Timeout: still running after 1 s, blocked in time.sleep(60 if rank == 1 else 0) at cell " \
            "line 2" in str(error)
-    assert "restarted" not in str(error) and seconds < 6
+    assert "restarted" not in str(error)
     assert mpi("kept") == {0: 42, 1: 42} and world.running  # nothing was lost
 
 
 def test_a_rank_failing_before_a_collective_ends_the_cell_promptly(world_of, mpi, magics):
     world_of(3)
-    error, seconds = timed(lambda: mpi("if rank == 1:\n    raise ValueError('bad input on rank 1')\n"
+    error = failed(lambda: mpi("if rank == 1:\n    raise ValueError('bad input on rank 1')\n"
                                        "comm.allreduce(rank)"))
     lines = str(error).splitlines()
     assert lines[1] == "rank 1: ValueError: bad input on rank 1"  # the real exception first
     assert "Aborted: stopped after rank 1 failed, blocked in comm.allreduce(rank) at cell line 3" in lines[2]
-    assert seconds < magics.abort_grace + magics.interrupt_grace + 10  # seconds, not a timeout
     assert mpi("rank + 1") == {0: 1, 1: 2, 2: 3}
 
 
@@ -70,20 +70,20 @@ def test_a_rank_failing_before_a_collective_ends_the_cell_promptly(world_of, mpi
     ("import os\nos._exit(3)", "exit code 3"),
     ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "signal 9 (SIGKILL)"),
     ("import ctypes\nctypes.string_at(0)", "signal 11 (SIGSEGV)"),
-    ("comm.Abort(5)", "called MPI_Abort(MPI_COMM_WORLD, 5)"),  # see the test
+    ("comm.Abort(5)", "called MPI_Abort(MPI_COMM_WORLD, 5), so mpiexec ended every rank of the job (error code 5)"),
 ])
 def test_a_crashed_rank_is_named_with_how_it_died(crash, how, ip, world_of, mpi):
     world = world_of(3)
     old = world_processes(world)
     body = "import sys, time\nif rank == 2:\n    print('last words', file=sys.stderr, flush=True)\n" + "".join(
         f"    {line}\n" for line in crash.splitlines()) + "time.sleep(30)"
-    error, seconds = timed(lambda: mpi(body))
+    error = failed(lambda: mpi(body))
     text = str(error)
     assert set(error.failures) == {0, 1, 2} and all(f["ename"] == "RankLost" for f in error.failures.values())
-    if "Abort" in crash and "rank 2 died: called MPI_Abort" not in text:
-        # MPI_Abort ends every process at once, the launchers that record exit statuses included; mpiexec's own
-        # line naming the caller reached its output file only at stop in every run here
-        assert "rank 2: RankLost: rank 2 died with the whole job at once, leaving no exit status (MPI_Abort" in text
+    if "Abort" in crash:  # the caller and its code, as plain mpiexec names them
+        assert f"rank 2: RankLost: rank 2 {how}" in text
+        assert error.failures[0]["evalue"].startswith(("rank 0 was ended by mpiexec after rank 2 called MPI_Abort",
+                                                       "still running when rank 2 died"))
     else:
         assert f"rank 2: RankLost: rank 2 died: {how}" in text
         others = error.failures[0]["evalue"]  # ended by mpiexec, or found still running: either way named
@@ -95,7 +95,6 @@ def test_a_crashed_rank_is_named_with_how_it_died(crash, how, ip, world_of, mpi)
         assert re.search(r"signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), called at cell line 5: "
                          r"ctypes\.string_at\(0\)", text)
         assert 'line 5, in <module>' in error.failures[2]["traceback"][0]
-    assert seconds < 5
     with pytest.raises(MPIError, match="died earlier, so it cannot run cells: %mpi restart"):
         mpi("size")
     ip.run_line_magic("mpi", "restart")
@@ -103,14 +102,16 @@ def test_a_crashed_rank_is_named_with_how_it_died(crash, how, ip, world_of, mpi)
     assert mpi("size") == {0: 3, 1: 3, 2: 3}
 
 
-def test_stop_button_interrupts_python_on_every_rank_within_2_s(world_of, mpi, capsys):
+def test_stop_button_interrupts_python_on_every_rank(world_of, mpi, capsys):
     world_of(2)
     mpi("kept = 7")
     threading.Timer(1.0, _thread.interrupt_main).start()
-    error, seconds = timed(lambda: mpi("import time\nwhile True:\n    time.sleep(0.05)"))
-    assert isinstance(error, KeyboardInterrupt) and seconds < 1.0 + 2.0 + 1.0
-    err = capsys.readouterr().err
-    assert "[mpinb] interrupted; rank 0: interrupted, blocked in time.sleep(0.05) at cell line 3" in err
+    error = failed(lambda: mpi("import time\nwhile True:\n    time.sleep(0.05)"))
+    assert isinstance(error, KeyboardInterrupt)
+    shown = "\n".join(error._render_traceback_())  # what the notebook shows: the ranks' frames, none of mpinb's
+    assert "rank 0: KeyboardInterrupt: interrupted, blocked in time.sleep(0.05) at cell line 3" in str(error)
+    assert "KeyboardInterrupt: cell interrupted on every rank it ran on (ranks 0-1)" in shown
+    assert "time.sleep(0.05)" in shown and not INTERNAL.search(shown)
     assert mpi("kept") == {0: 7, 1: 7}
 
 
@@ -118,12 +119,12 @@ def test_stop_button_on_ranks_stuck_in_mpi_restarts_the_world(world_of, mpi, mag
     world = world_of(2)
     old = world_processes(world)
     threading.Timer(1.0, _thread.interrupt_main).start()
-    error, seconds = timed(lambda: mpi(DEADLOCK))
+    error = failed(lambda: mpi(DEADLOCK))
     assert isinstance(error, KeyboardInterrupt)
-    assert seconds < 1.0 + magics.interrupt_grace + 10
-    err = capsys.readouterr().err
-    assert "blocked in comm.recv(source=1) at cell line 3" in err
-    assert "did not answer the interrupt (blocked in MPI or C), so the world was restarted" in err
+    shown = "\n".join(error._render_traceback_())
+    assert "blocked in comm.recv(source=1) at cell line 3" in shown
+    assert "did not answer the interrupt (blocked in MPI or C), so the world was restarted" in shown
+    assert not INTERNAL.search(shown)
     assert_all_gone(old)
     assert mpi("rank") == {0: 0, 1: 1}
 

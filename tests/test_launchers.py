@@ -4,7 +4,6 @@ launchers (Slurm itself is exercised in test_slurm.py)."""
 import os
 import socket
 import sys
-import time
 
 import pytest
 from IPython.core.error import UsageError
@@ -12,13 +11,13 @@ from traitlets.config import Config
 
 from mpinb.launchers import SCHEDULERS, Placement
 
-from conftest import leftover_ranks
+from conftest import leftover_ranks, new_world_tag
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_ssh_launcher_starts_the_ranks_of_a_hostfile(ip, magics, mpi, no_world, tmp_path, capsys):
-    since = time.time()
+    tag = new_world_tag()
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost:2\n")  # mpiexec starts ranks for this host without ssh
     ip.run_line_magic("mpi", f"start -n 2 --launcher ssh --hostfile {hostfile}")
@@ -27,7 +26,7 @@ def test_ssh_launcher_starts_the_ranks_of_a_hostfile(ip, magics, mpi, no_world, 
     out = capsys.readouterr().out
     assert f"on hosts from {hostfile}" in out and f"{socket.gethostname()}: ranks 0-1" in out
     ip.run_line_magic("mpi", "stop")
-    assert leftover_ranks(since) == []
+    assert leftover_ranks(tag) == []
 
 
 def test_remote_hosts_need_an_address_they_can_reach(ip, no_world, tmp_path):

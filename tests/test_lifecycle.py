@@ -12,6 +12,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import assert_all_gone, world_processes
+from mpinb.cluster import World
 from mpinb.errors import MPIError, RankError
 from mpinb.preflight import mpi_library
 from mpinb.widgets.status import status_widget
@@ -71,9 +72,10 @@ def test_status_as_text_in_a_terminal(ip, world_of, capsys):
     assert "MPI world of 2 ranks (MPICH" in out
     lines = out[out.index("MPI world of 2 ranks (MPICH"):].strip().splitlines()
     assert lines[1] == f"{socket.gethostname()}: ranks 0-1"  # which ranks run on which host
-    assert lines[2].split() == ["rank", "host", "pid", "state"]
+    assert lines[2].split() == ["rank", "host", "pid", "threads", "state"]
     for rank, line in zip(world.ranks, lines[3:]):
-        assert line.split() == [str(rank), world.identities[rank]["host"], str(world.identities[rank]["pid"]), "idle"]
+        assert line.split() == [str(rank), world.identities[rank]["host"], str(world.identities[rank]["pid"]),
+                                str(world.identities[rank]["threads"]), "idle"]
 
 
 def test_status_widget_shows_every_rank(world_of):
@@ -82,7 +84,7 @@ def test_status_widget_shows_every_rank(world_of):
     widget = status_widget(rows, world.describe())
     header, grid = widget.children
     values = [getattr(cell, "value", "") for cell in grid.children]
-    assert len(values) == 4 * (len(rows) + 1)
+    assert len(values) == 5 * (len(rows) + 1)  # rank, host, pid, threads, state
     assert str(world.identities[1]["pid"]) in values
     assert "MPI world of 2 ranks" in header.value
 
@@ -111,13 +113,17 @@ def test_mpiexec_of_another_mpi_is_detected(ip, magics, tmp_path):
     """))
     launcher.chmod(0o755)
     ip.run_line_magic("mpi", "stop")
-    shared_before = set(os.listdir("/dev/shm"))
     with pytest.raises(MPIError, match="does not belong to the MPI library"):
         ip.run_line_magic("mpi", f"start -n 2 --mpiexec {launcher}")
     assert magics.world is None
     leftovers = [p for p in psutil.Process().children(recursive=True) if "ipyparallel" in " ".join(p.cmdline())]
     assert_all_gone(leftovers)
-    assert not [name for name in set(os.listdir("/dev/shm")) - shared_before if name.startswith("mpich_shm_")]
+    # the same refusal, on a World this test holds: its ranks' MPI segments (and only theirs) are gone
+    world = World(2, mpiexec=str(launcher), progress=False)
+    with pytest.raises(MPIError, match="does not belong to the MPI library"):
+        world.start()
+    mine = [path for path in world.shared_files_seen if os.path.basename(path).startswith("mpich_shm_")]
+    assert mine and not [path for path in mine if os.path.exists(path)]
 
 
 def test_a_dead_rank_leaves_no_process_and_no_shared_memory(ip, magics, world_of, mpi):

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from conftest import leftover_ranks
+from conftest import leftover_ranks, new_world_tag
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
@@ -18,11 +18,11 @@ pytestmark = [pytest.mark.notebook, pytest.mark.mpi, pytest.mark.slow, pytest.ma
 
 
 def execute(name):
-    started = time.time()
+    started, tag = time.time(), new_world_tag()
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     print(f"{name} ran in {time.time() - started:.1f} s")
-    assert not leftover_ranks(since=started)
+    assert not leftover_ranks(tag)
     return notebook
 
 

@@ -25,3 +25,22 @@ def test_format_ranks_compresses_runs():
     assert format_ranks([7, 0, 1, 2, 5, 8]) == "0-2, 5, 7-8"
     assert label_ranks([3]) == "rank 3"
     assert label_ranks([0, 1, 2, 3]) == "ranks 0-3"
+
+
+@pytest.mark.parametrize("text", ["\uff10", "\u0660-\u0661", "1\uff0d2", "\u00b2"])
+def test_parse_ranks_reads_ascii_digits_only(text):
+    with pytest.raises(ValueError, match="cannot read rank"):
+        parse_ranks(text, 4)
+
+
+def test_a_huge_range_is_refused_before_it_is_built():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"rank 4-3000000 not in this world of 4 \(ranks 0-3\)"):
+            parse_ranks("0-3000000", 4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # three million ranks in a set would take over 100 MB

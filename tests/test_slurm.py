@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from mpinb.channel import reachable_address
 from slurm_cluster import SlurmCluster, leftover_steps
 
-from conftest import leftover_ranks
+from conftest import leftover_ranks, new_world_tag
 from test_export import TRAINING, export, final_loss, training_notebook
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
@@ -44,7 +44,7 @@ def listening_addresses(pid):
 
 
 def test_a_world_in_a_slurm_job(ip, magics, mpi, slurm, no_world, capsys):
-    since = time.time()
+    tag = new_world_tag()
     ip.run_line_magic("mpi", "start -n 2 --launcher slurm --partition debug --time 00:10:00 "
                              "--scheduler-arg=--comment=mpinb-test")
     world = magics.world
@@ -89,7 +89,7 @@ def test_a_world_in_a_slurm_job(ip, magics, mpi, slurm, no_world, capsys):
     ip.run_line_magic("mpi", "stop")
     assert slurm.squeue() == []  # %mpi stop cancelled the job
     assert not [pid for pid in ranks if psutil.pid_exists(pid)]
-    assert leftover_ranks(since) == []
+    assert leftover_ranks(tag) == []
     assert not [f for f in files if os.path.exists(f)]
 
 
@@ -114,12 +114,12 @@ def test_srun_in_place_of_mpiexec(ip, magics, mpi, slurm, no_world):
 
 
 def test_a_job_the_scheduler_refuses_says_why_and_leaves_nothing(ip, magics, slurm, no_world):
-    since = time.time()
+    tag = new_world_tag()
     with pytest.raises(UsageError, match="sbatch refused the job: sbatch: error: invalid partition specified: nosuch"):
         ip.run_line_magic("mpi", "start -n 2 --launcher slurm --partition nosuch")
     assert magics.world is None or not magics.world.running
     assert slurm.squeue() == []
-    assert leftover_ranks(since) == []
+    assert leftover_ranks(tag) == []
 
 
 def test_a_job_larger_than_the_cluster_is_refused(ip, magics, slurm, no_world):

@@ -237,6 +237,27 @@ def test_under_plain_mpiexec(ranks, tmp_path):
         assert (tmp_path / f"done-{rank}").read_text() == f"gloo {ranks}"
 
 
+@pytest.mark.parametrize("runner", [["-m", "mpi4py"], []])
+def test_an_unhandled_exception_after_init_process_group_ends_the_job(runner, tmp_path):
+    """The group's exit-time teardown must not wait for ranks that wait for the one that failed."""
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        import mpinb.torch as mt
+        from mpi4py import MPI
+        mt.init_process_group(timeout=900)  # a teardown waiting on the group waits this long
+        if MPI.COMM_WORLD.rank == 1:
+            raise ValueError("bad batch on rank 1")
+        dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1
+    """))
+    try:
+        done = subprocess.run([default_mpiexec(), "-n", "2", sys.executable, *runner, str(script)],
+                              capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the job hung after rank 1 failed:\n{exc.stderr}") from None
+    assert done.returncode != 0 and "ValueError: bad batch on rank 1" in done.stderr
+
+
 def test_backend_and_device_choice():
     assert choose_backend(None, gpus_per_rank=0, local_size=4, nccl_available=True) == ("gloo", False, None)
     assert choose_backend(None, gpus_per_rank=1, local_size=1, nccl_available=True) == ("nccl", True, None)
