@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet "$(TORCH)" -e ".[dev]"
 	touch $@
 
+# JupyterLab refuses to run as root unless told; as a user it needs nothing
+ROOTFLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab $(ROOTFLAG) notebooks/
 
 chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
