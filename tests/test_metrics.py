@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import time
 
 import pytest
 from IPython.core.error import UsageError
@@ -75,18 +74,16 @@ for step in range(300):
 
 def test_a_dead_rank_is_noticed_while_metrics_keep_arriving(ip, mpi, fresh):
     fresh(2)
-    started = time.monotonic()
-    with pytest.raises(RankError, match="rank 1 died"):
+    with pytest.raises(RankError, match="rank 1 died"):  # rank 0 never stops by itself: the death ends the cell
         mpi("""
 import os, time, mpinb
 t0 = time.monotonic()
-while time.monotonic() - t0 < 30:
+while True:
     mpinb.report(loss=1.0)
     time.sleep(0.001)
     if rank == 1 and time.monotonic() - t0 > 1:
         os._exit(3)
 """)
-    assert time.monotonic() - started < 20  # not the 30 s the surviving rank would have gone on for
     assert len(mpinb.metrics()) > 100  # what the ranks sent before the death is kept
     ip.run_line_magic("mpi", "restart")
 
