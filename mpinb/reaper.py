@@ -65,9 +65,36 @@ def signal_all(processes, how):
 
 def end_processes(processes, *, grace):
     """Wait up to *grace* s for *processes* to exit, then kill the rest by pid and wait for them."""
-    _, alive = psutil.wait_procs(processes, timeout=grace)
-    signal_all(alive, "kill")
-    psutil.wait_procs(alive, timeout=5)
+    left = _wait_dead(processes, grace)
+    signal_all(left, "kill")
+    _wait_dead(left, 5)
+
+
+def _wait_dead(processes, timeout):
+    """Those of *processes* still running after up to *timeout* s. A process that has exited counts at once,
+    whoever is to reap it: orphans wait for the system's init to reap them, which can take a second or more
+    (psutil's wait_procs waited for that). Exited children of this process are reaped here."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for process in processes:
+            if alive(process):
+                left.append(process)
+            else:
+                _reap(process)
+        if not left or time.monotonic() >= deadline:
+            return left
+        processes = left
+        time.sleep(0.02)
+
+
+def _reap(process):
+    """Collect *process*'s exit status if it is an exited child of this process (so no zombie stays here)."""
+    try:
+        if process.ppid() == os.getpid():
+            os.waitpid(process.pid, os.WNOHANG)
+    except (psutil.NoSuchProcess, ChildProcessError, OSError):
+        pass
 
 
 def remove_world_files(status_dir, pids, stack_files=()):
