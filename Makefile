@@ -37,6 +37,7 @@ test: $(STAMP) chromium
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/slurm_start.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,112 @@
+"""Time to diagnosis: how soon after a fault the notebook shows who failed and where every rank is, and how soon
+the cell ends (a stuck world restarted included), against the limits the fault itself sets.
+
+    python benchmarks/diagnosis.py [--runs 3] [--markdown benchmarks/RESULTS.md]
+
+Cases, each through ``%%mpi`` on a real world in one IPython shell, median of --runs:
+  deadlock      two ranks in ``comm.recv`` from each other, ``--timeout 5``: the clock starts at the timeout.
+  error         rank 1 raises while rank 0 waits in ``comm.Barrier()``: the clock starts at the raise.
+  stop          the Stop button (``KeyboardInterrupt`` in the notebook) while both ranks wait in ``comm.recv``:
+                the clock starts at the interrupt.
+  memory        rank 3 of 4 raises ``MemoryError`` (a 1 TB allocation) while the others wait in ``Barrier``.
+The diagnosis is on screen when the notebook has printed where each rank is ("blocked in", or the failing
+rank's exception); the limits are 1 s for the diagnosis and 6 s for the whole cell.
+"""
+
+import _thread
+import argparse
+import io
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+from IPython.core.interactiveshell import InteractiveShell
+
+MARK = "<!-- diagnosis -->"
+DEADLOCK = "if rank == 0:\n    comm.recv(source=1)\nelse:\n    comm.recv(source=0)"
+CASES = {
+    "deadlock": (2, DEADLOCK, "--timeout 5", "timeout"),
+    "error": (2, "import time\nif rank == 1:\n    raise ValueError('bad input on rank 1')\ncomm.Barrier()", "",
+              "start"),
+    "stop": (2, DEADLOCK, "", "interrupt"),
+    "memory": (4, "import numpy as np\nif rank == 3:\n    np.ones(1 << 40)\ncomm.Barrier()", "", "start"),
+}
+TRIGGER_AFTER = {"timeout": 5.0, "interrupt": 1.0, "start": 0.0}
+
+
+class Stamped(io.TextIOBase):
+    """A stream that notes when the first diagnosis was written to it."""
+
+    def __init__(self, inner):
+        self.inner, self.first = inner, None
+
+    def write(self, text):
+        if self.first is None and any(word in text for word in ("blocked in", "Error", "failed")):
+            self.first = time.monotonic()
+        return self.inner.write(text)
+
+    def flush(self):
+        self.inner.flush()
+
+
+def run_case(ip, name):
+    size, code, line, trigger = CASES[name]
+    magics = ip.magics_manager.registry["MPIMagics"]
+    if magics.world is None or not magics.world.running or magics.world.size != size:
+        ip.run_line_magic("mpi", "stop") if magics.world is not None and magics.world.running else None
+        ip.run_line_magic("mpi", f"start -n {size}")
+    out, err = Stamped(sys.stdout), Stamped(sys.stderr)
+    sys.stdout, sys.stderr = out, err
+    timer = None
+    if trigger == "interrupt":
+        timer = threading.Timer(TRIGGER_AFTER["interrupt"], _thread.interrupt_main)
+        timer.start()
+    started = time.monotonic()
+    try:
+        ip.run_cell(f"%%mpi {line}\n{code}")  # the cell shows its error as a notebook would
+    finally:
+        ended = time.monotonic()
+        sys.stdout, sys.stderr = out.inner, err.inner
+    at = started + TRIGGER_AFTER[trigger]
+    shown = min(t for t in (out.first, err.first, ended) if t is not None)
+    if not magics.world.running or magics.world.dead_ranks():
+        ip.run_line_magic("mpi", "restart")
+    return shown - at, ended - at
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--markdown", help="replace the time-to-diagnosis section of this file with the table")
+    args = parser.parse_args()
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "mpinb")
+    results = {}
+    for name in CASES:
+        runs = [run_case(ip, name) for _ in range(args.runs)]
+        results[name] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+        print(f"{name}: diagnosis {results[name][0]:.2f} s, cell ended {results[name][1]:.2f} s", file=sys.stderr)
+    ip.run_line_magic("mpi", "stop")
+    rows = [MARK, f"Time to diagnosis, median of {args.runs} (`python benchmarks/diagnosis.py --runs {args.runs}`; "
+            "seconds after the timeout, the failure or the Stop button):", "",
+            "| case | diagnosis on screen | limit | ratio | cell ended (restart included) | limit | ratio |",
+            "|---|---|---|---|---|---|---|"]
+    for name, (shown, ended) in results.items():
+        rows.append(f"| {name} | {shown:.2f} s | 1 s | {shown:.2f} | {ended:.2f} s | 6 s | {ended / 6:.2f} |")
+    rows.append(MARK)
+    table = "\n".join(rows)
+    print(table)
+    if args.markdown:
+        text = Path(args.markdown).read_text()
+        if MARK in text:
+            before, _, rest = text.partition(MARK)
+            text = before + table + rest.partition(MARK)[2]
+        else:
+            text = text.rstrip("\n") + "\n\n" + table + "\n"
+        Path(args.markdown).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
