@@ -65,7 +65,9 @@ def test_flood_of_reports_stays_under_iopub_limits_and_loses_nothing(tmp_path):
     # the server's own rule is the average over 3 s; no single second comes near the limit either
     peak_messages = busiest(counted, seconds=1)
     peak_bytes = busiest(counted, seconds=1, size=lambda m: m["wire_bytes"])
-    assert peak_messages < 1000
+    # the README's claim: about 20 widget messages a second however fast the ranks report (redraws are at least
+    # refresh_interval apart, so this holds on a busy machine too); the server's IOPub limit is 1000
+    assert peak_messages <= 40
     assert peak_bytes < 1_000_000
     assert any("application/vnd.jupyter.widget-view+json" in m["content"].get("data", {}) for _, m in flooded)
     result = json.loads(checked.strip().splitlines()[-1])
@@ -73,5 +75,6 @@ def test_flood_of_reports_stays_under_iopub_limits_and_loses_nothing(tmp_path):
         assert result["checks"][str(rank)] == dict(rows=RATE * SECONDS, steps=True, exact=True,
                                                    last=rank * 1e6 + (RATE * SECONDS - 1) * 0.5)
     assert result["refreshes"] < result["batches"]
+    assert result["messages"] <= 40 * SECONDS
     print(f"\nIOPub messages in the busiest second: {peak_messages}; bytes: {peak_bytes}; "
           f"rank batches {result['batches']}, redraws {result['refreshes']}, widget messages {result['messages']}")
