@@ -20,9 +20,10 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 from IPython.core.interactiveshell import InteractiveShell
+
+from results import publish
 
 MARK = "<!-- diagnosis -->"
 DEADLOCK = "if rank == 0:\n    comm.recv(source=1)\nelse:\n    comm.recv(source=0)"
@@ -96,16 +97,7 @@ def main():
     for name, (shown, ended) in results.items():
         rows.append(f"| {name} | {shown:.2f} s | 1 s | {shown:.2f} | {ended:.2f} s | 6 s | {ended / 6:.2f} |")
     rows.append(MARK)
-    table = "\n".join(rows)
-    print(table)
-    if args.markdown:
-        text = Path(args.markdown).read_text()
-        if MARK in text:
-            before, _, rest = text.partition(MARK)
-            text = before + table + rest.partition(MARK)[2]
-        else:
-            text = text.rstrip("\n") + "\n\n" + table + "\n"
-        Path(args.markdown).write_text(text)
+    publish("\n".join(rows), args.markdown, MARK)
 
 
 if __name__ == "__main__":

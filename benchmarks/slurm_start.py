@@ -21,6 +21,7 @@ from slurm_cluster import SlurmCluster  # noqa: E402
 
 from mpinb.cluster import World  # noqa: E402
 from mpinb.launchers import Placement  # noqa: E402
+from results import publish  # noqa: E402
 
 MARK = "<!-- slurm start -->"
 
@@ -65,16 +66,7 @@ def main():
         f"| {stop['slurm']:.2f} s | {stop['mpi']:.2f} s | {stop['slurm'] / stop['mpi']:.2f} |",
         MARK,
     ]
-    table = "\n".join(lines)
-    print(table)
-    if args.markdown:
-        text = Path(args.markdown).read_text()
-        if MARK in text:
-            before, _, rest = text.partition(MARK)
-            text = before + table + rest.partition(MARK)[2]
-        else:
-            text = text.rstrip("\n") + "\n\n" + table + "\n"
-        Path(args.markdown).write_text(text)
+    publish("\n".join(lines), args.markdown, MARK)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,20 @@ tf_values = {
 """
 
 
+def assert_as_on_the_ranks(ip, code, name, kind, as_numpy):
+    """Each rank's *name* in the notebook is of *kind*, with the dtype, shape and values *code* makes there."""
+    for rank in (0, 1):
+        namespace = {"rank": rank}
+        exec(code, namespace)
+        want, got = namespace[name], ip.user_ns[name][rank]
+        assert list(got) == list(want)
+        for key, expected in want.items():
+            value = got[key]
+            assert isinstance(value, kind), (key, type(value))
+            assert (value.dtype, value.shape) == (expected.dtype, expected.shape), key
+            assert np.array_equal(as_numpy(value), as_numpy(expected)), key
+
+
 @pytest.mark.parametrize("how", ["shm", "mpi", "frames"])
 def test_tensorflow_values_come_back_as_tensors_and_strings_keep_the_rank_alive(how, tf, world_of, ip, magics, mpi,
                                                                                  transport, capsys):
@@ -85,16 +99,7 @@ def test_tensorflow_values_come_back_as_tensors_and_strings_keep_the_rank_alive(
     transport(how)
     before = rank_pids(magics)
     mpi(TF_VALUES, line="--gather tf_values")
-    for rank in (0, 1):
-        namespace = {"rank": rank}
-        exec(TF_VALUES, namespace)
-        want, got = namespace["tf_values"], ip.user_ns["tf_values"][rank]
-        assert list(got) == list(want)
-        for key, expected in want.items():
-            value = got[key]
-            assert isinstance(value, tf.Tensor), (key, type(value))
-            assert (value.dtype, value.shape) == (expected.dtype, expected.shape), key
-            assert np.array_equal(np.array(value.numpy()), np.array(expected.numpy())), key
+    assert_as_on_the_ranks(ip, TF_VALUES, "tf_values", tf.Tensor, lambda value: np.array(value.numpy()))
     assert ip.user_ns["tf_values"][1]["string"].numpy().tolist() == [b"rank", b"1", b"nul\x00"]
     stats = magics.last.gather_stats["tf_values"][1]
     assert stats[("string",)]["dtype"] == "string" and stats[("bf16",)]["dtype"] == "bfloat16"
@@ -126,16 +131,7 @@ def test_jax_values_come_back_as_jax_arrays(how, jax, world_of, ip, mpi, transpo
     world_of(2)
     transport(how)
     mpi(JAX_VALUES, line="--gather jax_values --no-inspect")
-    for rank in (0, 1):
-        namespace = {"rank": rank}
-        exec(JAX_VALUES, namespace)
-        want, got = namespace["jax_values"], ip.user_ns["jax_values"][rank]
-        assert list(got) == list(want)
-        for key, expected in want.items():
-            value = got[key]
-            assert isinstance(value, jax.Array), (key, type(value))
-            assert (value.dtype, value.shape) == (expected.dtype, expected.shape), key
-            assert np.array_equal(np.asarray(value), np.asarray(expected)), key
+    assert_as_on_the_ranks(ip, JAX_VALUES, "jax_values", jax.Array, np.asarray)
 
 
 BFLOAT16 = QUIET + """
