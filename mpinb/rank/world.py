@@ -5,7 +5,7 @@ import socket
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+                    "VECLIB_MAXIMUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
 def init_world(namespace=None, *, threads=0):
