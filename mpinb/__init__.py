@@ -18,7 +18,8 @@ def metrics(run=None):
     rank reported it), sorted by run, rank and step. Nothing is decimated: every reported value is here.
     *run* keeps one run only. Call it in the notebook, after ``%load_ext mpinb``.
     """
-    return _magics("mpinb.metrics() (on a rank, mpinb.report() is what sends values)").history.to_frame(run)
+    return _magics("mpinb.metrics() reads the notebook's copy of what ranks reported: call it in the notebook "
+                   "after %load_ext mpinb (on a rank, mpinb.report() is what sends values)").history.to_frame(run)
 
 
 def view():
@@ -28,16 +29,17 @@ def view():
     ``.push``, ``.pull``, ``.apply``; ``%mpi view`` makes it the view ``%px`` and ``%%px`` run on. Names are
     shared with ``%%mpi`` cells (one namespace per rank). Call it in the notebook after ``%load_ext mpinb``.
     """
-    return _magics("mpinb.view()").world_view()
+    return _magics("mpinb.view() is for the notebook: call it after %load_ext mpinb").world_view()
 
 
-def _magics(what):
+def _magics(elsewhere):
+    """The notebook's ``MPIMagics``; a ``RuntimeError`` saying *elsewhere* where there is none."""
     from IPython import get_ipython
 
     shell = get_ipython()
     magics = shell.magics_manager.registry.get("MPIMagics") if shell is not None else None
     if magics is None:
-        raise RuntimeError(f"{what} is for the notebook: call it after %load_ext mpinb")
+        raise RuntimeError(elsewhere)
     return magics
 
 

@@ -8,6 +8,8 @@ its cell's output or metrics.
 """
 
 import io
+import os
+import re
 import queue
 import signal
 import sys
@@ -21,6 +23,7 @@ from .. import shm, wire
 from . import gather, report, runner, stacks
 
 _agent = None
+_ABORT = re.compile(r"application called MPI_Abort\([^,]+, (-?\d+)\)")
 
 
 def start(*, cells, events, key, rank=None, flush_interval=0.05):
@@ -68,6 +71,7 @@ class Agent:
         # the kernel ignores SIGINT between requests; while a cell runs, SIGINT must interrupt it
         sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         buffers = []
+        written = stacks.native_stderr_size()
         try:
             reply = runner.run_cell(code, number=number)
             if options.get("gather"):
@@ -77,7 +81,17 @@ class Agent:
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
+        self._abort_if_asked(stacks.native_stderr_since(written))
         self.outbox.put(("packed", self._pack_reply(cell_id, reply, buffers)))
+
+    def _abort_if_asked(self, native_stderr):
+        """End this process as MPI_Abort would have, if the cell called it and MPI let the call return (MPICH has
+        been seen to, now and then, under a busy engine): the job was asked to end, not to go on."""
+        match = _ABORT.search(native_stderr)
+        if match is None:
+            return
+        self.outbox.close()  # what the cell printed still reaches the notebook
+        os._exit(int(match.group(1)) or 1)
 
     def _gather(self, names, options):
         """Pack *names* for the notebook: into the shared-memory arena when asked, else as raw frames."""

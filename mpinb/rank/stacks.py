@@ -57,6 +57,24 @@ def keep_native_stderr():
         os.close(native)
 
 
+def native_stderr_size():
+    """How many bytes this rank's C code has written to its standard error so far."""
+    try:
+        return os.path.getsize(native_stderr_path(_file.name)) if _file is not None else 0
+    except OSError:
+        return 0
+
+
+def native_stderr_since(offset):
+    """What this rank's C code wrote to its standard error after *offset* bytes."""
+    try:
+        with open(native_stderr_path(_file.name), errors="replace") as file:
+            file.seek(offset)
+            return file.read(1 << 16)
+    except (OSError, AttributeError):
+        return ""
+
+
 def install(directory=None):
     """Dump stacks to a per-rank file on :data:`SIGNAL`; return the file's path. Idempotent."""
     global _file
