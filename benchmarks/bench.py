@@ -45,7 +45,7 @@ import ipyparallel as ipp
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from mpinb.preflight import default_mpiexec
+from mpinb.mpis import default_mpiexec
 
 
 def clock(fn):

@@ -18,7 +18,7 @@ from .channel import Channel
 from .errors import MPIError
 from .gather import Receiver
 from .launchers import Placement, SlurmJob, is_this_host
-from .preflight import find_mpiexec, mpi_library
+from . import mpis
 from .ranks import label_ranks
 from .rank import agent
 from .rank import world as rank_world
@@ -81,10 +81,18 @@ class World:
     ----------
     size : int
         Number of MPI ranks (``mpiexec -n size``).
-    mpiexec : str, default: the ``mpiexec`` beside this Python, else the one on PATH
-        Name or path of the launcher; point it at a system MPI (Open MPI, Intel MPI) to use that MPI.
+    mpi : str, default: the MPI of *mpiexec*, else of the ``mpiexec`` beside this Python, else on PATH
+        Which MPI: ``"mpich"``, ``"openmpi"``, ``"impi"`` (its launcher is looked for beside this Python and on
+        PATH) or the path of an ``mpiexec``. The ranks' mpi4py loads the library installed with that launcher
+        (``MPI4PY_LIBMPI``, set for the ranks only); a launcher and a library of different MPIs are refused
+        before launch.
+    mpiexec : str, optional
+        Name or path of the launcher; its family is read from ``mpiexec --version``.
+    mpi_library : str, optional
+        The libmpi the ranks load, when it is not installed beside the launcher.
     mpiexec_args : list of str, default ``[]``
-        Extra arguments for ``mpiexec``, e.g. ``["--oversubscribe"]`` for Open MPI.
+        Extra arguments for ``mpiexec``. Open MPI's ``--allow-run-as-root`` (as root) and ``--oversubscribe``
+        (more ranks than cores here) are added by mpinb.
     placement : Placement, default ``Placement()`` (mpiexec on this host)
         Where the ranks run: ``Placement(launcher="slurm", partition="debug", time="00:30:00")`` submits a
         batch job of ``size`` tasks that runs ``mpiexec`` inside its allocation (see ``launchers.py``).
@@ -112,11 +120,13 @@ class World:
     >>> world.stop()
     """
 
-    def __init__(self, size, *, mpiexec=None, mpiexec_args=(), placement=None, ip="127.0.0.1", heartbeat_ms=500,
-                 start_timeout=60.0, progress=True, threads=0):
+    def __init__(self, size, *, mpi=None, mpiexec=None, mpi_library=None, mpiexec_args=(), placement=None,
+                 ip="127.0.0.1", heartbeat_ms=500, start_timeout=60.0, progress=True, threads=0):
         self.placement = placement or Placement()
         self.size = check_size(size, self.placement)
         self.mpiexec = mpiexec
+        self.mpi_choice, self.mpi_library = mpi, mpi_library
+        self.mpi = None  # the mpis.MPI resolved at start
         self.mpiexec_args = list(mpiexec_args)
         self.ip = ip
         self.job = None  # the SlurmJob the ranks run in (Slurm launcher)
@@ -166,8 +176,8 @@ class World:
         import ipyparallel as ipp
         from traitlets.config import Config
 
-        mpiexec = find_mpiexec(self.mpiexec)
-        mpi_library(sys.executable)
+        self.mpi = mpi = mpis.resolve(self.mpi_choice, self.mpiexec, self.mpi_library)
+        mpis.check(mpi, sys.executable)
         self.placement.check()
         remote = self.placement.remote_hosts()
         if remote and self.loopback:
@@ -177,11 +187,13 @@ class World:
             )
         config = Config()
         self.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
-        environment = {"MPINB_STATUS_DIR": self.status_dir}
+        environment = {"MPINB_STATUS_DIR": self.status_dir, **mpi.environment()}
         if self.loopback:
             environment.update(LOOPBACK_ENV)
+        local = not self.placement.batch and not self.placement.hostfile
+        arguments = mpi.launcher_args(self.size, local=local, forward=sorted(environment)) + self.mpiexec_args
         # each rank runs its engine under a parent that records how it ended (rank/launch.py)
-        engines = self.placement.configure(config, mpiexec=mpiexec, mpiexec_args=self.mpiexec_args,
+        engines = self.placement.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
                                            engine_cmd=[sys.executable, "-m", "mpinb.rank.launch"],
                                            environment=environment, workdir=self.status_dir)
         self.cluster = ipp.Cluster(
@@ -358,7 +370,8 @@ class World:
         if not self.engines:
             return "no MPI world is running"
         mpi = self.identities[self.ranks[0]]["mpi"]
-        line = f"MPI world of {self.size} rank{'s' if self.size != 1 else ''} ({mpi}) via {find_mpiexec(self.mpiexec)}"
+        via = self.mpi.mpiexec if self.mpi is not None else "mpiexec"
+        line = f"MPI world of {self.size} rank{'s' if self.size != 1 else ''} ({mpi}) via {via}"
         where = self.placement.describe(job_id=self._job_id())
         if where:
             line += f" in {where}" if self.placement.batch else f" on {where}"
@@ -552,8 +565,9 @@ class World:
         if sizes != {self.size} or ranks != list(range(self.size)):
             raise MPIError(
                 f"mpiexec started {len(replies)} processes but MPI sees world sizes {sorted(sizes)}: this mpiexec "
-                "does not belong to the MPI library mpi4py was built with. Use the mpiexec of that MPI "
-                "(%mpi start --mpiexec PATH), or rebuild mpi4py against this one."
+                f"({self.mpi.mpiexec if self.mpi else 'mpiexec'}) does not belong to the MPI library the ranks "
+                "loaded. Name the MPI (%mpi start --mpi mpich|openmpi|impi|/path/to/mpiexec), or give the "
+                "ranks its library (%config MPIMagics.mpi_library = '/path/to/libmpi.so')."
             )
         self.engines = {who["rank"]: eid for eid, who in zip(view.targets, replies)}
         self.identities = {who["rank"]: who for who in replies}

@@ -59,7 +59,7 @@ def export(notebook, *, name="notebook.ipynb"):
 
 def sbatch(script, *, ranks, partition=None, time=None, account=None, mpiexec=None, python=None):
     """A Slurm job script that runs *script* on *ranks* tasks with this environment's ``mpiexec`` and Python."""
-    from .preflight import default_mpiexec
+    from .mpis import default_mpiexec
 
     stem = os.path.splitext(os.path.basename(script))[0]
     lines = ["#!/bin/sh", f"#SBATCH --job-name={stem}", f"#SBATCH --ntasks={ranks}",

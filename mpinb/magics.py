@@ -30,10 +30,17 @@ class MPIMagics(Magics):
     """Drive an MPI world from IPython. Configure with ``%config MPIMagics.<option> = value``."""
 
     default_ranks = Integer(2, config=True, help="Ranks started by %%mpi when no world runs and -n is not given.")
+    default_mpi = Unicode(
+        "", config=True,
+        help="Which MPI %mpi start and %%mpi use without --mpi: mpich, openmpi, impi, or the path of an mpiexec. Empty: the MPI of `mpiexec`, else the "
+             "one beside this Python (mpich wheel), else on PATH. The ranks load that MPI's library.",
+    )
     mpiexec = Unicode(
         "", config=True,
-        help="mpiexec to launch with (name or path). Empty: the one beside this Python (mpich wheel), else PATH.",
+        help="mpiexec to launch with (name or path); its MPI is read from `mpiexec --version`.",
     )
+    mpi_library = Unicode("", config=True,
+                          help="The libmpi the ranks load, when it is not installed beside the launcher.")
     mpiexec_args = List(Unicode(), config=True, help="Extra mpiexec arguments, e.g. ['--oversubscribe'].")
     ip = Unicode("127.0.0.1", config=True,
                  help="Address the controller listens on; loopback unless you ask (ranks on other hosts need one "
@@ -91,7 +98,7 @@ class MPIMagics(Magics):
 
         Usage::
 
-            %mpi start [-n N] [--mpiexec PATH] [--mpiexec-arg ARG ...] [--ip ADDRESS]
+            %mpi start [-n N] [--mpi mpich|openmpi|impi|PATH] [--mpiexec PATH] [--mpiexec-arg ARG ...] [--ip ADDRESS]
                        [--launcher {mpi,ssh,slurm,pbs,sge,lsf}] [--hostfile FILE]
                        [--partition P] [--time HH:MM:SS] [--account A] [--scheduler-arg ARG ...]
             %mpi stop
@@ -127,7 +134,7 @@ class MPIMagics(Magics):
             rank  host  pid    state
                0  vm    81512  idle
             ...
-            In [4]: %mpi start --mpiexec /usr/bin/mpiexec.openmpi --mpiexec-arg=--oversubscribe
+            In [4]: %mpi start --mpi openmpi
             In [5]: %mpi stop
             In [6]: %mpi start -n 64 --launcher slurm --partition gpu --time 1:00:00 --ip 0.0.0.0
         """
@@ -138,7 +145,7 @@ class MPIMagics(Magics):
                     f"a {self.world.size}-rank world is already running: %mpi restart -n N replaces it, "
                     "%mpi stop ends it"
                 )
-            self.start(n=args.n, mpiexec=args.mpiexec, mpiexec_args=args.mpiexec_arg, ip=args.ip,
+            self.start(n=args.n, mpi=args.mpi, mpiexec=args.mpiexec, mpiexec_args=args.mpiexec_arg, ip=args.ip,
                        launcher=args.launcher, hostfile=args.hostfile, partition=args.partition,
                        time_limit=args.time, account=args.account, scheduler_args=args.scheduler_arg)
         elif args.command == "stop":
@@ -233,7 +240,7 @@ class MPIMagics(Magics):
 
     # ------------------------------------------------------------------ plain methods the magics call
 
-    def start(self, *, n=None, mpiexec=None, mpiexec_args=None, ip=None, launcher=None, hostfile=None,
+    def start(self, *, n=None, mpi=None, mpiexec=None, mpiexec_args=None, ip=None, launcher=None, hostfile=None,
               partition=None, time_limit=None, account=None, scheduler_args=None):
         """Start a world of *n* ranks (``default_ranks`` if ``None``) and make it current; every other option
         left ``None`` takes its ``MPIMagics`` setting."""
@@ -248,7 +255,9 @@ class MPIMagics(Magics):
         )
         world = World(
             n,
+            mpi=mpi or self.default_mpi or None,
             mpiexec=mpiexec or self.mpiexec or None,
+            mpi_library=self.mpi_library or None,
             mpiexec_args=self.mpiexec_args if mpiexec_args is None else mpiexec_args,
             placement=placement,
             ip=ip or self.ip,
@@ -441,7 +450,9 @@ def _line_parser():
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
-    start.add_argument("--mpiexec", default=None, help="mpiexec to use, for a system MPI")
+    start.add_argument("--mpi", default=None,
+                       help="which MPI: mpich, openmpi, impi, or an mpiexec's path (default: MPIMagics.default_mpi)")
+    start.add_argument("--mpiexec", default=None, help="mpiexec to use; its MPI is read from its --version")
     start.add_argument("--mpiexec-arg", action="append", default=None, help="extra mpiexec argument (repeatable)")
     start.add_argument("--ip", default=None,
                        help="address the controller listens on (default loopback); ranks on other hosts need one")

@@ -13,7 +13,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from mpinb import read_metrics
-from mpinb.preflight import default_mpiexec
+from mpinb.mpis import default_mpiexec
 
 from conftest import leftover_ranks, new_world_tag
 

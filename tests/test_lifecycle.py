@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from conftest import assert_all_gone, world_processes
 from mpinb.cluster import World
 from mpinb.errors import MPIError, RankError
-from mpinb.preflight import mpi_library
+from mpinb.mpis import library_version
 from mpinb.widgets.status import status_widget
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
@@ -99,7 +99,7 @@ def test_missing_mpiexec_is_a_usage_error_saying_what_to_do(ip, magics, tmp_path
 def test_python_without_mpi4py_is_a_usage_error(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
     with pytest.raises(UsageError, match="mpi4py cannot load an MPI library"):
-        mpi_library(str(tmp_path / "bare" / "bin" / "python"))
+        library_version(str(tmp_path / "bare" / "bin" / "python"))
 
 
 def test_mpiexec_of_another_mpi_is_detected(ip, magics, tmp_path):
