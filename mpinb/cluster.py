@@ -4,6 +4,7 @@ inside a batch job (``launchers.py``)."""
 import atexit
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -490,7 +491,7 @@ class World:
             except Exception:  # noqa: BLE001 - output is a courtesy; the error is raised anyway
                 text = ""
             if text:
-                chunks.append("\n".join(text.strip().splitlines()[-20:]))
+                chunks.append(_excerpt(text))
         return "\n".join(chunks) or "(no output)"
 
     def _launched_processes(self, cluster=None):
@@ -571,6 +572,19 @@ class World:
             )
         self.engines = {who["rank"]: eid for eid, who in zip(view.targets, replies)}
         self.identities = {who["rank"]: who for who in replies}
+
+
+_ENGINE_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \[(IPEngine|IPController|KernelNanny|IPClusterStart)")
+
+
+def _excerpt(text, head=16, tail=6):
+    """What a launcher said, for an error: its own lines (ipyparallel's log lines left out), the first *head*
+    of them, where launchers put the cause (Open MPI's "not enough slots", Hydra's bad option), and the last
+    *tail*."""
+    lines = [line for line in text.strip().splitlines() if line.strip() and not _ENGINE_LOG.match(line)]
+    if len(lines) <= head + tail:
+        return "\n".join(lines)
+    return "\n".join([*lines[:head], f"[... {len(lines) - head - tail} more lines ...]", *lines[-tail:]])
 
 
 def _connection_files(cluster):

@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from .rank.stacks import SIGNAL, native_stderr_path, stderr_path
+from .rank.stacks import SIGNAL, aborts, native_stderr_path, stderr_path
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -142,7 +142,6 @@ def parse(text, start, rank):
     return RankStack(rank, frames=frames, cell_file=cell)
 
 
-_ABORT = re.compile(r"application called MPI_Abort\(([^,]+), (-?\d+)\) - process (\d+)")
 
 
 @dataclass
@@ -176,17 +175,16 @@ def death_report(world, dead, *, wait=1.0):
         deaths = {rank: _death(world, rank) for rank in dead}
         output = world.launcher_output() + "\n" + _native_stderr(world, world.ranks)
         culprit = any(d.returncode not in (None, -signal.SIGKILL) for d in deaths.values())
-        if (culprit or all(d.returncode is not None for d in deaths.values()) or _ABORT.search(output)
+        if (culprit or all(d.returncode is not None for d in deaths.values()) or aborts(output)
                 or time.monotonic() > deadline):
             break
         time.sleep(0.05)
-    for match in _ABORT.finditer(output):
-        rank = int(match.group(3))
+    for rank, comm, code in aborts(output):
+        call = f"called MPI_Abort({comm}, {code})"
         for death in deaths.values():  # who ended the job, even when MPI_Abort let its caller go on (it can)
-            death.aborted_by = death.aborted_by or (rank, f"called MPI_Abort({match.group(1)}, {match.group(2)})")
+            death.aborted_by = death.aborted_by or (rank, call)
         if rank in deaths:
-            deaths[rank].abort = f"called MPI_Abort({match.group(1)}, {match.group(2)})"
-            deaths[rank].abort_code = int(match.group(2))
+            deaths[rank].abort, deaths[rank].abort_code = call, code
             deaths[rank].when = min(deaths[rank].when or math.inf, 0.0)  # it started the end
     return deaths
 

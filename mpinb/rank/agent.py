@@ -9,7 +9,6 @@ its cell's output or metrics.
 
 import io
 import os
-import re
 import queue
 import signal
 import sys
@@ -23,7 +22,6 @@ from .. import shm, wire
 from . import gather, report, runner, stacks
 
 _agent = None
-_ABORT = re.compile(r"application called MPI_Abort\([^,]+, (-?\d+)\)")
 
 
 def start(*, cells, events, key, rank=None, flush_interval=0.05):
@@ -87,11 +85,11 @@ class Agent:
     def _abort_if_asked(self, native_stderr):
         """End this process as MPI_Abort would have, if the cell called it and MPI let the call return (MPICH has
         been seen to, now and then, under a busy engine): the job was asked to end, not to go on."""
-        match = _ABORT.search(native_stderr)
-        if match is None:
+        notices = stacks.aborts(native_stderr)
+        if not notices:
             return
         self.outbox.close()  # what the cell printed still reaches the notebook
-        os._exit(int(match.group(1)) or 1)
+        os._exit(notices[0][2] or 1)
 
     def _gather(self, names, options):
         """Pack *names* for the notebook: into the shared-memory arena when asked, else as raw frames."""

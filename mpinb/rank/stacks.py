@@ -11,6 +11,7 @@ abort) dumps the stacks to the same file before the rank dies, so the notebook c
 
 import faulthandler
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -55,6 +56,23 @@ def keep_native_stderr():
         native = os.open(native_stderr_path(_file.name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(native, 2)
         os.close(native)
+
+
+# What each MPI writes when a rank calls MPI_Abort: MPICH and Intel MPI on the rank's stderr, Open MPI 5 there
+# too, Open MPI 4 through mpiexec
+_ABORTS = (
+    re.compile(r"application called MPI_Abort\((?P<comm>[^,]+), (?P<code>-?\d+)\) - process (?P<rank>\d+)"),
+    re.compile(r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator (?P<comm>\S+)\s+"
+               r"(?:with errorcode|[\s\S]{0,400}?Errorcode:)\s*(?P<code>-?\d+)"),
+)
+
+
+def aborts(text):
+    """``[(rank, communicator, error code)]`` of the MPI_Abort notices in *text*, whichever MPI wrote them."""
+    found = []
+    for pattern in _ABORTS:
+        found += [(int(m["rank"]), m["comm"], int(m["code"])) for m in pattern.finditer(text)]
+    return found
 
 
 def native_stderr_size():
