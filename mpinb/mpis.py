@@ -36,14 +36,14 @@ _PROBE = "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; p
 class MPI:
     """One MPI installation: its family (``mpich``, ``openmpi``, ``impi``), launcher, library and version."""
 
-    family: str
+    family: str  # None when the launcher does not say (srun, a site's wrapper)
     mpiexec: str
     library: str = None  # libmpi the ranks load; None: mpi4py's own search
     version: str = ""
 
     @property
     def name(self):
-        return FAMILIES[self.family]
+        return FAMILIES.get(self.family, "an unrecognised MPI")
 
     def environment(self):
         """What the ranks' environment needs for their mpi4py to load this MPI's library."""
@@ -101,10 +101,9 @@ def describe(mpiexec, *, expect=None):
     """The :class:`MPI` whose launcher is *mpiexec* (an absolute path)."""
     version = launcher_version(mpiexec)
     family = family_of(version)
-    if family is None:
-        raise UsageError(f"{mpiexec} --version does not say which MPI it belongs to ({version or 'no output'!r}); "
-                         f"name it: %mpi start --mpi {'|'.join(FAMILIES)} --mpiexec {mpiexec}")
-    if expect and family != expect and {family, expect} != {"mpich", "impi"}:
+    if family is None and not expect:  # srun, a site's wrapper: the ranks load what mpi4py finds by itself
+        return MPI(None, mpiexec, None, version)
+    if expect and family not in (expect, None) and {family, expect} != {"mpich", "impi"}:
         raise UsageError(f"{mpiexec} is {FAMILIES[family]}'s launcher, not {FAMILIES[expect]}'s "
                          f"({version}); install {FAMILIES[expect]} ({INSTALL[expect]}) or give its mpiexec")
     family = expect or family
@@ -205,12 +204,14 @@ def check(mpi, python=sys.executable):
     starts N worlds of one rank)."""
     version = library_version(python, mpi.library)
     library_family = family_of(version)
+    if mpi.family is None:
+        return " ".join(version.split())
     compatible = {mpi.family, library_family} <= {"mpich", "impi"} or library_family == mpi.family
     if library_family is not None and not compatible:
         raise UsageError(
-            f"{mpi.mpiexec} is {mpi.name}'s launcher ({mpi.version}), but mpi4py here loads "
-            f"{FAMILIES[library_family]}'s library ({version}) and mpinb found no {mpi.name} library beside the "
-            f"launcher: give the library's path for the ranks (%config MPIMagics.mpi_library = '/path/to/"
+            f"{mpi.mpiexec} is {mpi.name}'s launcher ({mpi.version}), but the ranks would load "
+            f"{FAMILIES[library_family]}'s library ({' '.join(version.split())}"
+            f"{', ' + mpi.library if mpi.library else ''}): give them {mpi.name}'s (%config MPIMagics.mpi_library = '/path/to/"
             f"{SONAMES[mpi.family]}'), or use {FAMILIES[library_family]}'s own launcher (%mpi start --mpi "
             f"{library_family})"
         )
