@@ -361,7 +361,10 @@ class World:
             if eid not in alive_ids or rank in dead:
                 state = "dead"
             else:
-                state = "busy" if queues.get(eid, {}).get("queue", 0) else "idle"
+                # the hub counts a request until it has seen the reply, later than this client: with nothing
+                # outstanding here, a count left is that lag (mpinb's own cells do not go through the hub)
+                queued = queues.get(eid, {}).get("queue", 0) and self.client.outstanding
+                state = "busy" if queued else "idle"
             rows.append({"rank": rank, "host": who["host"], "pid": who["pid"], "threads": who.get("threads") or "-",
                          "state": state})
         return rows
