@@ -18,7 +18,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[dev]"
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,dev]"
 	touch $@
 
 # JupyterLab refuses to run as root unless told; as a user it needs nothing
@@ -55,10 +55,11 @@ mpis: $(MPISTAMP)
 test: $(STAMP) chromium $(MPISTAMP)
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/bench.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/slurm_start.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/mpis.py --markdown benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache

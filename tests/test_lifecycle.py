@@ -91,7 +91,7 @@ def test_status_widget_shows_every_rank(world_of):
 
 def test_missing_mpiexec_is_a_usage_error_saying_what_to_do(ip, magics, tmp_path):
     ip.run_line_magic("mpi", "stop")
-    with pytest.raises(UsageError, match="(?s)mpiexec not found.*pip install mpich"):
+    with pytest.raises(UsageError, match=r"(?s)mpiexec not found.*pip install mpinb\[mpich\]"):
         ip.run_line_magic("mpi", f"start -n 2 --mpiexec {tmp_path / 'no-such-mpiexec'}")
     assert magics.world is None
 
