@@ -94,7 +94,8 @@ def main():
             f"(`python benchmarks/mpis.py --ranks {args.ranks} --reps {args.reps}`); ratios against MPICH in the "
             "same run, and for the sum, mpinb's allreduce_gradients against one MPI.Allreduce of the same 16.8 MB:",
             "", "| MPI | world start | / MPICH | trivial cell | / MPICH | --gather 32 MB a rank | / MPICH "
-            "| MPI.Allreduce 16.8 MB | allreduce_gradients | / Allreduce |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "| MPI.Allreduce 16.8 MB | allreduce_gradients | / Allreduce |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         rows.append(f"| {name}: {r['version'][:40]} | {r['start']:.2f} s | {r['start'] / anchor['start']:.2f} "
                     f"| {r['cell'] * 1e3:.2f} ms | {r['cell'] / anchor['cell']:.2f} | {r['gather'] * 1e3:.0f} ms "

@@ -179,7 +179,8 @@ def _announce(result, pending, code, timeout, first_failure, replies, printer):
     printer.finish()
     if result.trouble == "failure" and first_failure is not None:
         error = replies[first_failure[0]]["error"]
-        why = f"rank {first_failure[0]} failed ({error['ename']}: {error['evalue'].splitlines()[0] if error['evalue'] else ''})"
+        message = error["evalue"].splitlines()[0] if error["evalue"] else ""
+        why = f"rank {first_failure[0]} failed ({error['ename']}: {message})"
     elif result.trouble == "timeout":
         why = f"the cell ran past its {timeout:g} s timeout"
     else:

@@ -32,8 +32,9 @@ class MPIMagics(Magics):
     default_ranks = Integer(2, config=True, help="Ranks started by %%mpi when no world runs and -n is not given.")
     default_mpi = Unicode(
         "", config=True,
-        help="Which MPI %mpi start and %%mpi use without --mpi: mpich, openmpi, impi, or the path of an mpiexec. Empty: the MPI of `mpiexec`, else the "
-             "one beside this Python (mpich wheel), else on PATH. The ranks load that MPI's library.",
+        help="Which MPI %mpi start and %%mpi use without --mpi: mpich, openmpi, impi, or the path of an mpiexec. "
+             "Empty: the MPI of `mpiexec`, else the one beside this Python (mpich wheel), else on PATH. The ranks "
+             "load that MPI's library.",
     )
     mpiexec = Unicode(
         "", config=True,

@@ -211,7 +211,8 @@ def check(mpi, python=sys.executable):
         raise UsageError(
             f"{mpi.mpiexec} is {mpi.name}'s launcher ({mpi.version}), but the ranks would load "
             f"{FAMILIES[library_family]}'s library ({' '.join(version.split())}"
-            f"{', ' + mpi.library if mpi.library else ''}): give them {mpi.name}'s (%config MPIMagics.mpi_library = '/path/to/"
+            f"{', ' + mpi.library if mpi.library else ''}): give them {mpi.name}'s "
+            "(%config MPIMagics.mpi_library = '/path/to/"
             f"{SONAMES[mpi.family]}'), or use {FAMILIES[library_family]}'s own launcher (%mpi start --mpi "
             f"{library_family})"
         )
