@@ -33,6 +33,7 @@ class CellResult:
     finished: list = field(default_factory=list)  # ranks that completed the cell without error
     first_failure: int = None
     first_death: int = None
+    grace: float = None  # seconds the stopped ranks were given to answer the interrupt
 
     @property
     def ok(self):
@@ -63,7 +64,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     The cell is stopped — each running rank's stack captured first, then SIGINT — when *timeout* seconds pass,
     when a rank has failed and the others have not finished *abort_grace* seconds later (they are most likely
     waiting for it in a collective; ``None`` waits for them), or on ``KeyboardInterrupt`` (raised again
-    afterwards). Ranks that do not answer the interrupt within *interrupt_grace* seconds are listed in
+    afterwards). Where each running rank is, is printed at once. Ranks that do not answer the interrupt within
+    *interrupt_grace* seconds (:data:`COMMUNICATION_GRACE` when all of them wait in communication) are listed in
     ``result.stuck``. A rank whose process dies is reported, with what mpiexec said about it, within
     *liveness_every* seconds. *status* (a :class:`~mpinb.live.CellStatus`) is ticked as the cell runs.
     """
@@ -93,7 +95,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
         _announce(result, pending, code, timeout, first_failure, replies, printer)
         world.interrupt(pending)
         waiting = all(result.stacks[rank].in_communication(code) for rank in pending if rank in result.stacks)
-        give_up_at = time.monotonic() + (min(COMMUNICATION_GRACE, interrupt_grace) if waiting else interrupt_grace)
+        result.grace = min(COMMUNICATION_GRACE, interrupt_grace) if waiting else interrupt_grace
+        give_up_at = time.monotonic() + result.grace
 
     while len(replies) < len(ranks):
         try:
@@ -154,11 +157,11 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
         reply = replies.get(rank)
         if reply is None:
             result.stuck.append(rank)
-            result.errors[rank] = _stopped(result, rank, code, timeout, interrupt_grace, answered=False)
+            result.errors[rank] = _stopped(result, rank, code, timeout, result.grace, answered=False)
         elif "error" in reply:
             error = reply["error"]
             if rank in result.stacks and error["ename"] == "KeyboardInterrupt":
-                error = _stopped(result, rank, code, timeout, interrupt_grace, answered=True)
+                error = _stopped(result, rank, code, timeout, result.grace, answered=True)
             result.errors[rank] = error
         elif reply["value"] is not None:
             result.values[rank] = reply["value"]

@@ -55,6 +55,7 @@ class Agent:
         self.stream.on_recv(self._on_message)
         path = stacks.install()
         stacks.keep_native_stderr()
+        self.abort_watch = AbortWatch(self.outbox)
         self.inbox.send_multipart(wire.pack(key, ("hello", rank, path)))
 
     def _on_message(self, frames):
@@ -69,7 +70,6 @@ class Agent:
         # the kernel ignores SIGINT between requests; while a cell runs, SIGINT must interrupt it
         sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         buffers = []
-        written = stacks.native_stderr_size()
         try:
             reply = runner.run_cell(code, number=number)
             if options.get("gather"):
@@ -79,17 +79,7 @@ class Agent:
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
-        self._abort_if_asked(stacks.native_stderr_since(written))
         self.outbox.put(("packed", self._pack_reply(cell_id, reply, buffers)))
-
-    def _abort_if_asked(self, native_stderr):
-        """End this process as MPI_Abort would have, if the cell called it and MPI let the call return (MPICH has
-        been seen to, now and then, under a busy engine): the job was asked to end, not to go on."""
-        notices = stacks.aborts(native_stderr)
-        if not notices:
-            return
-        self.outbox.close()  # what the cell printed still reaches the notebook
-        os._exit(notices[0][2] or 1)
 
     def _gather(self, names, options):
         """Pack *names* for the notebook: into the shared-memory arena when asked, else as raw frames."""
@@ -139,6 +129,34 @@ class Agent:
         self.outbox.close()
         if self.arena is not None:
             self.arena.close()
+
+
+class AbortWatch(threading.Thread):
+    """Ends this process as MPI_Abort should have, when MPI wrote its abort notice but the process lives on.
+
+    MPICH has been seen, now and then on a busy machine, to let ``MPI_Abort`` return to its caller, which then
+    went on (or hung in the next collective) as if nothing had happened. The notice is in the rank's own stderr
+    file at once (``rank/stacks.py``); a second after it, a rank still alive exits with the abort's code.
+    """
+
+    def __init__(self, outbox, every=0.1, grace=1.0):
+        super().__init__(name="mpinb-abort-watch", daemon=True)
+        self.outbox, self.every, self.grace = outbox, every, grace
+        self.seen = stacks.native_stderr_size()
+        self.start()
+
+    def run(self):
+        while True:
+            time.sleep(self.every)
+            size = stacks.native_stderr_size()
+            if size == self.seen:
+                continue
+            notices = stacks.aborts(stacks.native_stderr_since(self.seen))
+            self.seen = size
+            if notices:
+                time.sleep(self.grace)  # MPI's own abort normally ends the process first
+                self.outbox.close()  # what the cell printed still reaches the notebook
+                os._exit(notices[0][2] or 1)
 
 
 class ChannelStream(io.TextIOBase):

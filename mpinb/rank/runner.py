@@ -87,6 +87,8 @@ def describe_error(exc, shell=None):
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    if isinstance(exc, SyntaxError):
+        tb = None  # the compiler's frames say nothing: the error itself names the file, line and column
     ename = type(exc).__name__
     evalue = _text(exc)
     try:
