@@ -262,3 +262,12 @@ def test_a_large_gather_costs_the_notebook_its_payload_and_no_more(ip, magics, w
         del ip.user_ns["big"]
         magics.last = None
         mpi("del big")
+
+
+def test_a_syntax_error_shows_the_cell_not_the_compiler(world_of, mpi):
+    world_of(2)
+    with pytest.raises(RankError) as info:
+        mpi("x = (1,\ny = 2 +")
+    rendered = "\n".join(info.value._render_traceback_())
+    assert "ranks 0-1: SyntaxError" in str(info.value)
+    assert "ast.py" not in rendered and "mpinb/" not in rendered

@@ -40,6 +40,7 @@ def test_timeout_shows_where_each_rank_is_and_restarts_a_stuck_world(ip, magics,
     assert "rank 1: Timeout: still running after 2 s, blocked in comm.recv(source=0) at cell line 5" in text
     assert "; rank 2 finished it" in text
     assert "ranks 0-1 did not answer the interrupt (blocked in MPI or C), so the world was restarted" in text
+    assert "did not answer the interrupt within 0.5 s" in text  # waiting in MPI: not given the full grace
     assert "every rank's variables are gone" in text
     assert any("Where it was" in line for ranks, failure in error.groups for line in failure["traceback"])
     assert_all_gone(old)  # the stuck world's processes
