@@ -105,7 +105,8 @@ def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkey
                 time.sleep(0.25)
             curves = rank_curves(output)
             output.scroll_into_view_if_needed()
-            legend = output.locator(".bqplot .g_legend .legendtext").evaluate_all("texts => texts.map(t => t.textContent)")
+            legend = output.locator(".bqplot .g_legend .legendtext").evaluate_all(
+                "texts => texts.map(t => t.textContent)")
             body = page.locator("body").inner_text()
         finally:  # also when something above failed: the page shows why
             page.screenshot(path=str(ARTIFACTS / "jupyterlab-live-loss-per-rank.png"))
@@ -115,3 +116,46 @@ def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkey
     assert sorted(curves) == [256, 256], curves  # one curve per rank, every one of its 256 steps drawn
     assert {"rank 0", "rank 1"} <= set(legend)
     assert not leftover_ranks(tag)  # the server shut its kernel down, and the kernel its world
+
+
+EDGES = ["%load_ext mpinb\n%mpi start -n 2",
+         "%%mpi --timeout 3\nif rank == 0:\n    comm.recv(source=1)\nelse:\n    comm.recv(source=0)",
+         "%%mpi\nif rank == 1:\n    raise ValueError('bad batch on rank 1')\ncomm.Barrier()",
+         "%%mpi\nif rank == 1:\n    comm.Abort(3)\ncomm.Barrier()",
+         "%mpi restart\n%mpi stop"]
+
+
+def test_faults_render_in_jupyterlab_with_who_failed_and_where(tmp_path, monkeypatch):
+    """A deadlock, a failing rank and MPI_Abort, run in JupyterLab as a user would: each cell shows where every
+    rank was and who failed, and none of mpinb's frames."""
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in EDGES]
+    nbformat.write(notebook, root / "edges.ipynb")
+    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(tmp_path / "settings")))
+    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tag = new_world_tag()
+    with JupyterServer(root) as server, playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 2000})
+            page.goto(f"{server.url}/lab/tree/edges.ipynb?reset&token={server.token}")
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+            cells = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
+            for index in range(len(EDGES)):
+                run(cells.nth(index), page, wait=True)
+            shown = [cells.nth(index).locator(".jp-OutputArea").inner_text() for index in range(len(EDGES))]
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "jupyterlab-faults.png"), full_page=True)
+            browser.close()
+    assert "[mpinb]   rank 0: blocked in comm.recv(source=1) at cell line 2" in shown[1]
+    assert "rank 1: ValueError: bad batch on rank 1" in shown[2] and "rank 0 finished" not in shown[2]
+    assert "rank 1 called MPI_Abort(MPI_COMM_WORLD, 3), so mpiexec ended every rank of the job (error code 3)" \
+        in shown[3], shown[3]
+    assert not any(re.search(r"mpinb/(magics|execute|cluster|channel)\.py|site-packages/(zmq|ipyparallel)", text)
+                   for text in shown)
+    assert not leftover_ranks(tag)

@@ -70,6 +70,7 @@ class Agent:
         # the kernel ignores SIGINT between requests; while a cell runs, SIGINT must interrupt it
         sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         buffers = []
+        written = stacks.native_stderr_size()
         try:
             reply = runner.run_cell(code, number=number)
             if options.get("gather"):
@@ -79,6 +80,7 @@ class Agent:
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
+        self.abort_watch.end_if_aborted(written)  # a cell that called MPI_Abort never replies
         self.outbox.put(("packed", self._pack_reply(cell_id, reply, buffers)))
 
     def _gather(self, names, options):
@@ -135,8 +137,9 @@ class AbortWatch(threading.Thread):
     """Ends this process as MPI_Abort should have, when MPI wrote its abort notice but the process lives on.
 
     MPICH has been seen, now and then on a busy machine, to let ``MPI_Abort`` return to its caller, which then
-    went on (or hung in the next collective) as if nothing had happened. The notice is in the rank's own stderr
-    file at once (``rank/stacks.py``); a second after it, a rank still alive exits with the abort's code.
+    went on (or hung in the next collective) as if nothing had happened (in JupyterLab, in 2 runs of 2 of one
+    notebook here). The notice is in the rank's own stderr file at once (``rank/stacks.py``): a cell that wrote one
+    ends its rank instead of replying, and a second after one, a rank still running exits with the code.
     """
 
     def __init__(self, outbox, every=0.1, grace=1.0):
@@ -149,14 +152,22 @@ class AbortWatch(threading.Thread):
         while True:
             time.sleep(self.every)
             size = stacks.native_stderr_size()
-            if size == self.seen:
-                continue
-            notices = stacks.aborts(stacks.native_stderr_since(self.seen))
-            self.seen = size
-            if notices:
-                time.sleep(self.grace)  # MPI's own abort normally ends the process first
-                self.outbox.close()  # what the cell printed still reaches the notebook
-                os._exit(notices[0][2] or 1)
+            if size != self.seen:
+                notices = stacks.aborts(stacks.native_stderr_since(self.seen))
+                self.seen = size
+                if notices:
+                    time.sleep(self.grace)  # MPI's own abort normally ends the process first
+                    self._exit(notices)
+
+    def end_if_aborted(self, since):
+        """Exit now if MPI wrote an abort notice after *since* bytes (the cell that called it has returned)."""
+        notices = stacks.aborts(stacks.native_stderr_since(since))
+        if notices:
+            self._exit(notices)
+
+    def _exit(self, notices):
+        self.outbox.close()  # what the cell printed still reaches the notebook
+        os._exit(notices[0][2] or 1)
 
 
 class ChannelStream(io.TextIOBase):
