@@ -21,9 +21,7 @@ import sys
 import threading
 import time
 
-from IPython.core.interactiveshell import InteractiveShell
-
-from results import publish
+from results import publish, shell
 
 MARK = "<!-- diagnosis -->"
 DEADLOCK = "if rank == 0:\n    comm.recv(source=1)\nelse:\n    comm.recv(source=0)"
@@ -82,8 +80,7 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--markdown", help="replace the time-to-diagnosis section of this file with the table")
     args = parser.parse_args()
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "mpinb")
+    ip = shell()
     results = {}
     for name in CASES:
         runs = [run_case(ip, name) for _ in range(args.runs)]

@@ -16,9 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from IPython.core.interactiveshell import InteractiveShell
-
-from results import publish
+from results import publish, shell
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "<!-- mpis -->"
@@ -80,8 +78,7 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--markdown", help="replace the per-MPI section of this file with the table")
     args = parser.parse_args()
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "mpinb")
+    ip = shell()
     results = {}
     for name, mpiexec in MPIS.items():
         if mpiexec is not None and not os.access(mpiexec, os.X_OK):

@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 
 import mpinb
 from conftest import assert_all_gone, leftover_ranks, new_world_tag, world_processes
+from test_faults import DEADLOCK
 from mpinb.errors import RankError
 from mpinb.perrank import PerRank
 
@@ -56,15 +57,6 @@ SPECS = {
     "openmpi-debian": Spec("openmpi", "Open MPI", "--mpiexec", DEBIAN_OPENMPI, "make mpis (Debian's openmpi-bin)"),
     "impi": Spec("impi", "Intel(R) MPI Library", "--mpi", WHEEL_IMPI, "make mpis (the impi-rt wheel)"),
 }
-
-DEADLOCK = """\
-x = 1
-if rank == 0:
-    comm.recv(source=1)
-elif rank == 1:
-    comm.recv(source=0)
-"""
-
 
 def missing(path, install):
     """Skip (fail under ``make test``) when *path* is not an installed launcher."""
