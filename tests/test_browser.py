@@ -5,6 +5,7 @@ kernel's widgets shows "Error displaying widget" instead of a chart. A real Jupy
 notebook, Debian's Chromium (driven by Playwright) runs its cells, and the test reads the rendered SVG.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -73,44 +74,52 @@ def lab_settings(directory):
     return directory
 
 
+@contextlib.contextmanager
+def notebook_in_lab(root, name, tmp_path, monkeypatch, *, viewport, screenshot):
+    """JupyterLab on loopback with the test's own settings, notebook *name* of *root* open in Chromium and its
+    kernel idle: yields ``(page, cells)``; the page is saved to *screenshot* in test-artifacts/ in any case."""
+    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(tmp_path / "settings")))
+    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with JupyterServer(root) as server, playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=viewport)
+            page.goto(f"{server.url}/lab/tree/{name}?reset&token={server.token}")
+            page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+            yield page, page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
+        finally:  # also when something failed: the page shows why
+            page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
+            browser.close()
+
+
 def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkeypatch):
     root = tmp_path / "notebooks"
     root.mkdir()
     shutil.copy(NOTEBOOKS / NOTEBOOK, root / NOTEBOOK)
-    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(tmp_path / "settings")))
-    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
     sources = [cell.source for cell in nbformat.read(root / NOTEBOOK, as_version=4).cells]
     training = next(i for i, source in enumerate(sources) if "mt.allreduce_gradients(model)" in source)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     tag = new_world_tag()
-    with JupyterServer(root) as server, playwright.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{server.url}/lab/tree/{NOTEBOOK}?reset&token={server.token}")
-            page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
-            cells = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
-            deadline = time.monotonic() + 30
-            while cells.count() < len(sources) and time.monotonic() < deadline:
-                time.sleep(0.2)  # cells are attached in batches after the notebook shows
-            assert cells.count() == len(sources), "every cell should be on the page (windowingMode none)"
-            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
-            for index in range(training + 1):  # run every cell up to the training cell, in order, as a reader would
-                run(cells.nth(index), page, wait=index < training)
-            output = cells.nth(training).locator(".jp-OutputArea")
-            output.get_by_text("[rank 1] test accuracy").wait_for(timeout=120_000)
-            deadline = time.monotonic() + 30
-            while sorted(rank_curves(output)) != [256, 256] and time.monotonic() < deadline:
-                time.sleep(0.25)
-            curves = rank_curves(output)
-            output.scroll_into_view_if_needed()
-            legend = output.locator(".bqplot .g_legend .legendtext").evaluate_all(
-                "texts => texts.map(t => t.textContent)")
-            body = page.locator("body").inner_text()
-        finally:  # also when something above failed: the page shows why
-            page.screenshot(path=str(ARTIFACTS / "jupyterlab-live-loss-per-rank.png"))
-            browser.close()
+    with notebook_in_lab(root, NOTEBOOK, tmp_path, monkeypatch, viewport={"width": 1400, "height": 1000},
+                         screenshot="jupyterlab-live-loss-per-rank.png") as (page, cells):
+        deadline = time.monotonic() + 30
+        while cells.count() < len(sources) and time.monotonic() < deadline:
+            time.sleep(0.2)  # cells are attached in batches after the notebook shows
+        assert cells.count() == len(sources), "every cell should be on the page (windowingMode none)"
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+        for index in range(training + 1):  # run every cell up to the training cell, in order, as a reader would
+            run(cells.nth(index), page, wait=index < training)
+        output = cells.nth(training).locator(".jp-OutputArea")
+        output.get_by_text("[rank 1] test accuracy").wait_for(timeout=120_000)
+        deadline = time.monotonic() + 30
+        while sorted(rank_curves(output)) != [256, 256] and time.monotonic() < deadline:
+            time.sleep(0.25)
+        curves = rank_curves(output)
+        output.scroll_into_view_if_needed()
+        legend = output.locator(".bqplot .g_legend .legendtext").evaluate_all(
+            "texts => texts.map(t => t.textContent)")
+        body = page.locator("body").inner_text()
     assert "Error displaying widget" not in body
     assert "Model not found" not in body
     assert sorted(curves) == [256, 256], curves  # one curve per rank, every one of its 256 steps drawn
@@ -134,24 +143,13 @@ def test_faults_render_in_jupyterlab_with_who_failed_and_where(tmp_path, monkeyp
                                                                  "language": "python"}})
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in EDGES]
     nbformat.write(notebook, root / "edges.ipynb")
-    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(tmp_path / "settings")))
-    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     tag = new_world_tag()
-    with JupyterServer(root) as server, playwright.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 2000})
-            page.goto(f"{server.url}/lab/tree/edges.ipynb?reset&token={server.token}")
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
-            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
-            cells = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
-            for index in range(len(EDGES)):
-                run(cells.nth(index), page, wait=True)
-            shown = [cells.nth(index).locator(".jp-OutputArea").inner_text() for index in range(len(EDGES))]
-        finally:
-            page.screenshot(path=str(ARTIFACTS / "jupyterlab-faults.png"), full_page=True)
-            browser.close()
+    with notebook_in_lab(root, "edges.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 2000},
+                         screenshot="jupyterlab-faults.png") as (page, cells):
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+        for index in range(len(EDGES)):
+            run(cells.nth(index), page, wait=True)
+        shown = [cells.nth(index).locator(".jp-OutputArea").inner_text() for index in range(len(EDGES))]
     assert "[mpinb]   rank 0: blocked in comm.recv(source=1) at cell line 2" in shown[1]
     assert "rank 1: ValueError: bad batch on rank 1" in shown[2] and "rank 0 finished" not in shown[2]
     assert "rank 1 called MPI_Abort(MPI_COMM_WORLD, 3), so mpiexec ended every rank of the job (error code 3)" \
