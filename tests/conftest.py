@@ -1,10 +1,14 @@
+import atexit
 import os
+import shutil
 import signal
-import uuid
+import tempfile
 
 import psutil
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
+
+import world_record
 
 
 @pytest.fixture(scope="session")
@@ -65,34 +69,36 @@ def assert_all_gone(processes, timeout=10):
     assert not alive, f"processes left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
-TAG = "MPINB_TEST_TAG"
-
-
 def new_world_tag():
-    """Mark every process started from now on with a fresh tag in its environment (kernels, mpiexec and ranks
-    inherit it), so that a check for leftovers sees only what this test started, whatever else runs here."""
-    tag = uuid.uuid4().hex
-    os.environ[TAG] = tag
-    return tag
+    """A fresh record of the worlds started from now on, in this process and in the kernels it starts
+    (``world_record.py``): the processes a check for leftovers looks at, and no others."""
+    handle, path = tempfile.mkstemp(prefix="mpinb-test-worlds-", dir=_SESSION)
+    os.close(handle)
+    os.environ[world_record.ENV] = path
+    return path
 
 
-def leftover_ranks(tag, timeout=10):
-    """Pids of rank processes (mpinb's engine wrapper) carrying *tag* (:func:`new_world_tag`) still alive after
-    *timeout* s: what a notebook's kernel left behind, and nothing another job on this machine runs."""
-    started = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "mpinb.rank.launch" not in (process.info["cmdline"] or []):
-            continue
-        try:
-            if process.environ().get(TAG) == tag:
-                started.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    _, alive = psutil.wait_procs(started, timeout=timeout)
-    return [process.pid for process in alive]
+def leftover_ranks(record, timeout=10, *, started=True):
+    """Pids of the processes of the worlds in *record* (:func:`new_world_tag`) still running after *timeout* s:
+    what a notebook's kernel left behind, and nothing another job on this machine runs. With *started*, the record
+    must name some processes (else the check would look at nothing)."""
+    assert not started or world_record.noted(record), f"no world was recorded in {record}"
+    return [process.pid for process in world_record.still_running(record, timeout=timeout)]
+
+
+_SESSION = tempfile.mkdtemp(prefix="mpinb-tests-")
 
 
 def pytest_configure(config):
     """Ctrl-C raises KeyboardInterrupt here as in a kernel, even when pytest was started with SIGINT ignored (as a
     background job of a non-interactive shell is): the Stop-button tests deliver it with ``interrupt_main``."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # kernels and servers the tests start run IPython startup files from here: they note their worlds too
+    startup = os.path.join(_SESSION, "ipython", "profile_default", "startup")
+    os.makedirs(startup)
+    with open(os.path.join(startup, "00-mpinb-world-record.py"), "w") as script:
+        script.write(world_record.STARTUP)
+    os.environ["IPYTHONDIR"] = os.path.join(_SESSION, "ipython")
+    world_record.install()
+    # registered before any shell exists, so it runs after the shells' own exit handlers (their history lives here)
+    atexit.register(shutil.rmtree, _SESSION, ignore_errors=True)

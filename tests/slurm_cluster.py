@@ -14,7 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 
 PACKAGES = ("slurm-wlm", "munge")
 SBIN = "/usr/sbin:/sbin"
@@ -83,6 +82,7 @@ class SlurmCluster:
 
     def __init__(self):
         self.root = Path(tempfile.mkdtemp(prefix="mpinb-slurm-"))
+        self.steps_left = []
         self.root.chmod(0o755)  # munged wants its socket's directory searchable by everyone
         self.host = socket.gethostname().split(".")[0]
         self.conf = self.root / "slurm.conf"
@@ -138,6 +138,8 @@ class SlurmCluster:
                 self.command("scancel", *jobs)
             self._wait(lambda: not self.squeue() and not self._step_sockets(), 30, "the queue to empty",
                        fail=False)
+        # a job step still running keeps its socket in this cluster's own spool: it would outlive slurmd
+        self.steps_left = [path.name for path in self._step_sockets()]
         for name in ("slurmd", "slurmctld", "munged"):
             daemon = self.processes.pop(name, None)
             if daemon is None or daemon.poll() is not None:
@@ -188,19 +190,3 @@ def _user():
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
-
-
-def leftover_steps(since, timeout=10):
-    """``slurmstepd`` processes started after *since* still running after *timeout* s (they outlive slurmd when
-    a job is not ended first). Exited ones waiting for init to reap them are not counted."""
-    steps = [p for p in psutil.process_iter(["name", "create_time"])
-             if p.info["name"] and p.info["name"].startswith("slurmstepd") and p.info["create_time"] >= since]
-    _, alive = psutil.wait_procs(steps, timeout=timeout)
-    running = []
-    for step in alive:
-        try:
-            if step.status() != psutil.STATUS_ZOMBIE:
-                running.append(step)
-        except psutil.NoSuchProcess:
-            pass
-    return running

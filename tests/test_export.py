@@ -71,7 +71,8 @@ def export(notebook, *args):
 
 
 def final_loss(text):
-    return float(re.search(r"final loss (\S+)", text).group(1))
+    """The number after "final loss" (under mpiexec another rank's line can follow it without a line break)."""
+    return float(re.search(r"final loss ([-+]?[0-9.]+(?:e[-+]?[0-9]+)?)", text).group(1))
 
 
 @pytest.mark.notebook

@@ -81,7 +81,7 @@ def refused(ip, magics, no_world):
         with pytest.raises(UsageError) as raised:
             ip.run_line_magic("mpi", line)
         assert magics.world is None or not magics.world.running
-        assert leftover_ranks(tag, timeout=0) == []
+        assert leftover_ranks(tag, timeout=0, started=False) == []
         return str(raised.value)
 
     yield start

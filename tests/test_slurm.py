@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from mpinb.channel import reachable_address
-from slurm_cluster import SlurmCluster, leftover_steps
+from slurm_cluster import SlurmCluster
 
 from conftest import leftover_ranks, new_world_tag
 from test_export import TRAINING, export, final_loss, training_notebook
@@ -21,7 +21,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def slurm():
-    since = time.time()
     with SlurmCluster() as cluster:
         saved = {name: os.environ.get(name) for name in cluster.env}
         os.environ.update(cluster.env)
@@ -35,7 +34,7 @@ def slurm():
                     os.environ[name] = value
         daemons = cluster.daemon_pids()
     assert not [pid for pid in daemons if psutil.pid_exists(pid)], "a Slurm daemon outlived the tests"
-    assert not leftover_steps(since)
+    assert not cluster.steps_left, f"job steps outlived the tests: {cluster.steps_left}"
 
 
 def listening_addresses(pid):
