@@ -402,9 +402,9 @@ class MPIMagics(Magics):
         code = f"__import__('mpinb.rank.inspect', fromlist=['grad_stats']).grad_stats({model!r})"
         result = execute.run_cell(self.world, code, printer=RankPrinter(color=_color(self.shell)),
                                   interrupt_grace=self.interrupt_grace)
-        problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "ValueError"}
-        if result.errors and len(problems) == 1 and len(result.errors) == len(result.ranks):
-            raise UsageError(f"%mpi grads {model}: {problems.pop()}")  # grad_stats named the ranks and the cause
+        problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "NotComparable"}
+        if problems:  # grad_stats named the ranks and the cause, the same on every rank
+            raise UsageError(f"%mpi grads {model}: {problems.pop()}")
         result.raise_for_errors()
         reports = grad_report(dict(result.values))
         if _in_notebook(self.shell):

@@ -8,13 +8,18 @@ from ..ranks import label_ranks
 from .gather import HISTOGRAM_BINS
 
 
+class NotComparable(ValueError):
+    """The model cannot be compared across ranks (missing on some, not a module, shaped differently); the message
+    names the ranks and the cause, the same on every rank."""
+
+
 def grad_stats(name, *, namespace=None, comm=None):
     """Statistics of the ``torch.nn.Module`` called *name* (``model`` or ``trainer.model``) on this rank.
 
     Returns ``{layer: {"kind", "shape", "norm", "grad_norm", "diff", "grad_diff", "scale", "grad_scale",
     "grad_histogram"}}`` where ``diff``/``grad_diff`` are the max absolute difference of this rank's parameter
     (or buffer) and gradient to rank 0's, and ``scale``/``grad_scale`` rank 0's max absolute value. Raises
-    ``ValueError`` on every rank, naming the ranks, when some rank lacks the model or holds a different one.
+    :class:`NotComparable` on every rank, naming the ranks, when some rank lacks the model or holds a different one.
     """
     if comm is None:
         from mpi4py import MPI
@@ -36,10 +41,10 @@ def grad_stats(name, *, namespace=None, comm=None):
         if p:
             failed.setdefault(p, []).append(rank)
     if failed:
-        raise ValueError("; ".join(f"{label_ranks(ranks)}: {p}" for p, ranks in failed.items()))
+        raise NotComparable("; ".join(f"{label_ranks(ranks)}: {p}" for p, ranks in failed.items()))
     odd = [rank for rank, (_, s) in enumerate(everyone) if s != everyone[0][1]]
     if odd:
-        raise ValueError(f"{name} differs in structure from rank 0's on ranks {odd} (other layers, shapes, or "
+        raise NotComparable(f"{name} differs in structure from rank 0's on ranks {odd} (other layers, shapes, or "
                          "gradients present on some ranks only)")
     stats = {}
     for layer, kind, tensor, grad in tensors:
