@@ -1,0 +1,123 @@
+"""What this rank's MPI calls did: a ledger of its collectives (always kept), and spans of every call (when traced).
+
+The ledger is cheap enough to keep on every rank all the time (a counter and a short ring per communicator, and
+what the main thread waits in now); it is what lets the notebook catch ranks that entered different collectives
+(``mpinb/mismatch.py``). Spans, ``(op, comm, peer, sent, received, start_ns, end_ns, seq, kind, detail)``, are
+recorded only while a cell runs with ``%%mpi --trace`` or a script runs with ``MPINB_TRACE`` set, into a ring
+buffer of :data:`BUFFER` spans that the rank's agent drains in batches, like ``mpinb.report()`` values.
+``start_ns``/``end_ns`` are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC: one clock for every rank on a host).
+
+The calls are intercepted in Python (``rank/intercept.py``).
+"""
+
+import collections
+import os
+import sys
+import threading
+import time
+
+now_ns = time.perf_counter_ns
+BUFFER = 100_000  # spans kept per rank between drains at most (the oldest go first)
+RECENT = 16  # collectives remembered per communicator, for the roll call
+
+
+class Ledger:
+    """One communicator's collectives on this rank: how many were entered, and the last :data:`RECENT`."""
+
+    __slots__ = ("name", "members", "count", "recent")
+
+    def __init__(self, name, members):
+        self.name, self.members = name, members  # members: world ranks, in the communicator's rank order
+        self.count = 0
+        self.recent = collections.deque(maxlen=RECENT)  # (seq, signature)
+
+
+class State:
+    """The rank's tracing state; one instance, :data:`state`, read and written by the wrappers."""
+
+    def __init__(self):
+        self.ledgers = {}  # communicator name -> Ledger
+        self.current = None  # (ledger, seq, signature, start_ns) while the main thread waits in a collective
+        self.comm_ns = 0  # time spent in communication calls so far (blocking calls and waits)
+        self.spans = None  # a deque while tracing, else None
+        self.recorded = 0  # spans appended since tracing began (to tell how many the ring dropped)
+        self.drained = 0
+        self.main = threading.main_thread().ident
+
+    def ledger(self, name, members):
+        ledger = self.ledgers.get(name)
+        if ledger is None or ledger.members != members:
+            ledger = self.ledgers[name] = Ledger(name, members)
+        return ledger
+
+    def start(self, buffer=BUFFER):
+        """Record spans from now on (a fresh ring)."""
+        self.spans = collections.deque(maxlen=buffer)
+        self.recorded = self.drained = 0
+
+    def stop(self):
+        self.spans = None
+
+    def drain(self):
+        """Every span recorded since the last drain, oldest first, and how many the ring dropped meanwhile."""
+        spans = self.spans
+        if spans is None:
+            return [], 0
+        batch = [spans.popleft() for _ in range(len(spans))]
+        dropped = self.recorded - self.drained - len(batch)
+        self.drained = self.recorded
+        return batch, max(0, dropped)
+
+    def mark_step(self, step):
+        """An ``mpinb.report(step=...)`` call, as a marker in the trace."""
+        if self.spans is not None:
+            moment = now_ns()
+            self.spans.append(("step", "", None, 0, 0, moment, moment, step, "step", ""))
+            self.recorded += 1
+
+    def where(self):
+        """This rank's answer to a roll call: the collective it waits in, its recent collectives and its stack."""
+        current = self.current
+        waiting = None
+        if current is not None:
+            ledger, seq, signature, start = current
+            waiting = {"comm": ledger.name, "members": ledger.members, "seq": seq, "signature": signature,
+                       "waited": (now_ns() - start) / 1e9}
+        ledgers = {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
+                   for name, ledger in list(self.ledgers.items())}
+        return {"waiting": waiting, "ledgers": ledgers, "frames": main_frames(self.main)}
+
+
+def main_frames(ident):
+    """The main thread's stack as ``[(file, line, function)]``, most recent call first (it runs while the main
+    thread waits in MPI or sleeps, both of which release the GIL)."""
+    frame = sys._current_frames().get(ident)
+    frames = []
+    while frame is not None and len(frames) < 200:
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return frames
+
+
+state = State()
+
+
+def script_trace(path):
+    """Under plain mpiexec with ``MPINB_TRACE=trace-{rank}.json``: trace every MPI call of the script and write
+    this rank's Chrome-trace file at exit."""
+    import atexit
+
+    from mpi4py import MPI
+
+    from . import chrome, intercept
+
+    intercept.install(MPI)
+    rank = MPI.COMM_WORLD.rank
+    state.start(buffer=int(os.environ.get("MPINB_TRACE_BUFFER", 10 * BUFFER)))
+    offset = time.time_ns() - now_ns()
+
+    def write():
+        spans, _ = state.drain()
+        chrome.write(path.format(rank=rank), chrome.events(rank, spans, offset_ns=offset))
+
+    atexit.register(write)
