@@ -4,11 +4,13 @@ On ranks (and in scripts run with plain ``mpiexec``): :func:`report`. In the not
 :func:`read_metrics`. Importing mpinb imports neither IPython nor ipywidgets.
 """
 
+import os as _os
+
 from .rank.report import report
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "load_ipython_extension", "metrics", "read_metrics", "report",
-           "unload_ipython_extension", "view"]
+           "trace", "unload_ipython_extension", "view"]
 
 
 def metrics(run=None):
@@ -32,6 +34,20 @@ def view():
     return _magics("mpinb.view() is for the notebook: call it after %load_ext mpinb").world_view()
 
 
+def trace():
+    """The last ``%%mpi --trace`` cell's MPI calls as a pandas DataFrame, one row per call.
+
+    Columns: ``rank, op, comm, peer, bytes, start, end, seq`` (and ``kind, sent, received, detail``); ``start``
+    and ``end`` are seconds from the first call, ``seq`` the collective's number on its communicator.
+    ``.to_chrome("cell.json")`` writes it for Perfetto or chrome://tracing. Call it in the notebook.
+    """
+    trace = _magics("mpinb.trace() reads the notebook's copy of a traced cell: call it in the notebook after "
+                    "%load_ext mpinb; under plain mpiexec set MPINB_TRACE=trace-{rank}.json").last_trace
+    if trace is None:
+        raise RuntimeError("no traced cell yet: run one with %%mpi --trace")
+    return trace
+
+
 def _magics(elsewhere):
     """The notebook's ``MPIMagics``; a ``RuntimeError`` saying *elsewhere* where there is none."""
     from IPython import get_ipython
@@ -48,6 +64,19 @@ def read_metrics(pattern):
     from .widgets.history import read_metrics
 
     return read_metrics(pattern)
+
+
+def _trace_script():
+    """Under plain mpiexec with ``MPINB_TRACE=trace-{rank}.json``: every rank writes its MPI calls as a
+    Chrome trace (Perfetto, chrome://tracing) at exit. Import mpinb before taking ``MPI.COMM_WORLD``."""
+    launched = any(name in _os.environ for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"))
+    if _os.environ.get("MPINB_TRACE") and launched:
+        from .rank.tracing import script_trace
+
+        script_trace(_os.environ["MPINB_TRACE"])
+
+
+_trace_script()
 
 
 def load_ipython_extension(ipython):

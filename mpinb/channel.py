@@ -64,6 +64,16 @@ class Channel:
             self.cells.send_multipart([str(rank).encode(), *frames])
         return cell_id
 
+    def roll_call(self, ranks, number):
+        """Ask *ranks* where they are, MPI-wise (each rank's roll-call thread answers, see
+        ``rank/rollcall.py``); *number* comes back with the answers. Ranks not connected are skipped."""
+        frames = wire.pack(self.key, ("rollcall", number))
+        for rank in ranks:
+            try:
+                self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
     def receive(self, timeout):
         """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires).
 

@@ -27,6 +27,9 @@ class RankStack:
     cell_file: str = ""
     note: str = ""
 
+    def __post_init__(self):  # mpinb's wrappers of MPI calls are not where the user's code is
+        self.frames = [frame for frame in self.frames if not frame[0].endswith(_WRAPPERS)]
+
     @property
     def cell_line(self):
         return next((line for file, line, _ in self.frames if file == self.cell_file), None)
@@ -67,6 +70,7 @@ class RankStack:
         return "\n".join(f'  File "{file}", line {line}, in {function}' for file, line, function in frames[cell:])
 
 
+_WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py")
 _COMMUNICATION_FILES = ("/mpi4py/", "/torch/distributed/", "/mpinb/rank/data_parallel.py", "/mpinb/rank/gather.py")
 _COMMUNICATION_CALL = re.compile(
     r"\b(comm|MPI|dist|world|COMM_WORLD)\b[\w.]*\.\w+\(|\.(Barrier|barrier|I?[Aa]ll[Rr]educe|[Aa]llgather|"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .diagnose import capture_stacks, death_report, fatal_stack, last_stderr
 from .errors import GatherError, MPIError, RankError
 from .gather import missing_message
+from .mismatch import MismatchWatch
 from .output import RankPrinter, rank_ordered
 from .ranks import label_ranks
 from .perrank import PerRank
@@ -34,6 +35,7 @@ class CellResult:
     first_failure: int = None
     first_death: int = None
     grace: float = None  # seconds the stopped ranks were given to answer the interrupt
+    mismatch: str = None  # the mismatched collective that made mpinb stop the cell
 
     @property
     def ok(self):
@@ -54,7 +56,8 @@ class CellResult:
 
 
 def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, metrics=None, options=None,
-             timeout=None, abort_grace=2.0, interrupt_grace=5.0, liveness_every=0.5, status=None):
+             timeout=None, abort_grace=2.0, interrupt_grace=5.0, liveness_every=0.5, status=None,
+             collective_wait=1.0, trace=None):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
@@ -68,6 +71,10 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     *interrupt_grace* seconds (:data:`COMMUNICATION_GRACE` when all of them wait in communication) are listed in
     ``result.stuck``. A rank whose process dies is reported, with what mpiexec said about it, within
     *liveness_every* seconds. *status* (a :class:`~mpinb.live.CellStatus`) is ticked as the cell runs.
+
+    When a rank has waited *collective_wait* seconds in one collective, every rank is asked where it is, and
+    ranks proven to be in different collectives stop the cell (``result.mismatch``; ``None`` turns it off).
+    Spans of a traced cell go to *trace* (a :class:`~mpinb.trace.TraceCollector`).
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()
@@ -84,6 +91,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     deadline = time.monotonic() + timeout if timeout else None
     check_liveness_at = time.monotonic() + liveness_every
     wait = liveness_every if metrics is None else min(liveness_every, metrics.refresh_interval)
+    watch = MismatchWatch(channel, ranks, code) if collective_wait is not None else None
 
     def stop(reason, stacks=None):
         """Say at once who failed and where every running rank is, then interrupt those ranks. Ranks waiting in
@@ -91,7 +99,9 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
         nonlocal give_up_at
         pending = [rank for rank in ranks if rank not in replies]
         result.trouble = reason
-        result.stacks = stacks or capture_stacks(world, pending)
+        stacks = dict(stacks or {})
+        missing = [rank for rank in pending if rank not in stacks]
+        result.stacks = {**capture_stacks(world, missing), **stacks} if missing else stacks
         _announce(result, pending, code, timeout, first_failure, replies, printer)
         world.interrupt(pending)
         waiting = all(result.stacks[rank].in_communication(code) for rank in pending if rank in result.stacks)
@@ -109,6 +119,10 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                         printer.feed(rank, name, text)
                 elif kind == "metrics" and metrics is not None:
                     metrics.add(message[1], message[2])
+                elif kind in ("waiting", "rollcall") and watch is not None and message[2] in (cell_id, None):
+                    watch.feed(message)
+                elif kind == "trace" and trace is not None and message[2] == cell_id:
+                    trace.add(*message[1:2], *message[3:])
                 elif kind == "reply" and message[2] == cell_id:
                     replies[message[1]] = message[3]
                     if "gathered" in message[3]:  # copy out now, while other ranks are still sending
@@ -125,7 +139,11 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
             if status is not None:
                 status.tick(time.perf_counter() - started, ranks, replies)
             if result.trouble is None and len(replies) < len(ranks):
-                if deadline is not None and now >= deadline:
+                verdict = watch.tick(replies, now) if watch is not None else None
+                if verdict is not None:
+                    result.mismatch = verdict
+                    stop("mismatch", watch.stacks([rank for rank in ranks if rank not in replies]))
+                elif deadline is not None and now >= deadline:
                     stop("timeout")
                 elif first_failure and abort_grace is not None and now >= first_failure[1] + abort_grace:
                     stop("failure")
@@ -186,6 +204,8 @@ def _announce(result, pending, code, timeout, first_failure, replies, printer):
         why = f"rank {first_failure[0]} failed ({error['ename']}: {message})"
     elif result.trouble == "timeout":
         why = f"the cell ran past its {timeout:g} s timeout"
+    elif result.trouble == "mismatch":
+        why = f"ranks are in different collectives: {result.mismatch}"
     else:
         why = "interrupted"
     lines = [f"[mpinb] {why}; stopping {label_ranks(pending)}:"]
@@ -198,6 +218,8 @@ def _announce(result, pending, code, timeout, first_failure, replies, printer):
 
 def _stopped(result, rank, code, timeout, grace, *, answered):
     """The error of a rank mpinb stopped: why, where it was, and whether it answered the interrupt."""
+    if result.trouble == "mismatch":  # the same for every rank: it names each rank's collective already
+        return {"ename": "CollectiveMismatch", "evalue": result.mismatch, "traceback": []}
     stack = result.stacks.get(rank)
     where = stack.where(code) if stack is not None else "position unknown"
     if result.trouble == "timeout":

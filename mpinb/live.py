@@ -128,3 +128,53 @@ class CellStatus:
                 step = f", last reported step {steps[rank]}" if rank in steps else ""
                 out.append(f"rank {rank}: running{step}")
         return out
+
+
+class LiveTrace:
+    """The trace of one ``%%mpi --trace`` cell: every rank's spans as their batches arrive, and at the end the
+    :class:`~mpinb.trace.Trace`, its summary, and the timeline (a widget in a notebook, text in a terminal).
+
+    Parameters
+    ----------
+    view : {"widgets", "text", "off"}
+        Where the timeline and summary go when the cell ends.
+    """
+
+    def __init__(self, *, view):
+        self.view = view
+        self.spans = {}  # rank -> spans, in arrival order
+        self.dropped = {}  # rank -> spans its ring lost before they could be sent
+        self.clocks = {}  # rank -> (monotonic ns, wall-clock ns) read together on the rank
+        self.batches = 0
+
+    def add(self, rank, spans, dropped, clock):
+        """One batch from *rank*."""
+        self.batches += 1
+        self.spans.setdefault(rank, []).extend(spans)
+        if dropped:
+            self.dropped[rank] = self.dropped.get(rank, 0) + dropped
+        self.clocks.setdefault(rank, clock)
+
+    def finish(self, ranks=()):
+        """The cell ended: build the trace, show it, and return it."""
+        from .trace import frame, summarize
+
+        for rank in ranks:
+            self.spans.setdefault(rank, [])
+        trace = frame(self.spans, clocks=self.clocks, dropped=self.dropped)
+        summary = summarize(trace)
+        show_trace(trace, summary, view=self.view)
+        return trace
+
+
+def show_trace(trace, summary=None, *, view):
+    """Display *trace*: the timeline widget and summary table in a notebook, the summary as text elsewhere."""
+    from .trace import summarize, summary_text
+
+    summary = summary or summarize(trace)
+    if view == "widgets":
+        from .widgets.timeline import TimelineWidget
+
+        display(TimelineWidget(trace, summary).widget)
+    elif view == "text":
+        print(summary_text(summary))

@@ -18,7 +18,7 @@ from . import execute
 from .cluster import World, check_size
 from .errors import Interrupted
 from .launchers import LAUNCHERS, Placement
-from .live import CellStatus, LiveMetrics
+from .live import CellStatus, LiveMetrics, LiveTrace, show_trace
 from .output import RankPrinter
 from .ranks import parse_ranks
 from .widgets.history import History
@@ -73,6 +73,13 @@ class MPIMagics(Magics):
     abort_grace = Float(2.0, config=True,
                         help="When a rank fails, seconds the other ranks get to finish before they are stopped "
                              "(they are usually waiting for it in a collective). Negative: wait for them.")
+    collective_wait = Float(
+        1.0, config=True,
+        help="Seconds a rank may wait in one collective before mpinb asks every rank where it is, and stops the "
+             "cell if ranks are in different collectives (0: never ask).")
+    trace_buffer = Integer(100_000, config=True,
+                           help="Spans each rank keeps under %%mpi --trace between sends at most (a ring: the "
+                                "oldest go first).")
     report_interval = Float(0.1, config=True, help="Seconds each rank buffers mpinb.report() values between sends.")
     refresh_interval = Float(0.25, config=True, help="Seconds between redraws of the live metric charts at most.")
     max_points = Integer(1000, config=True, help="Points drawn per curve at most (the history keeps every value).")
@@ -90,6 +97,7 @@ class MPIMagics(Magics):
         self.last = None  # the last cell's CellResult
         self.live = None  # the last cell's LiveMetrics (its view, if it drew one)
         self.history = History()
+        self.last_trace = None  # the last traced cell's Trace
 
     # ------------------------------------------------------------------ %mpi
 
@@ -109,6 +117,7 @@ class MPIMagics(Magics):
             %mpi metrics [--run NAME]
             %mpi grads MODEL
             %mpi view
+            %mpi trace
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
@@ -121,6 +130,8 @@ class MPIMagics(Magics):
         ``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and
         the largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
         ``view`` makes the world's ipyparallel view (``mpinb.view()``) the one ``%px`` runs on.
+        ``trace`` shows the timeline and summary of the last ``%%mpi --trace`` cell again (``mpinb.trace()``
+        gives it as a DataFrame).
         The world stops with the kernel.
 
         Examples
@@ -164,6 +175,11 @@ class MPIMagics(Magics):
             self.show_metrics(run=args.run)
         elif args.command == "grads":
             self.show_grads(args.model)
+        elif args.command == "trace":
+            if self.last_trace is None:
+                print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
+            else:
+                show_trace(self.last_trace, view=self._view())
         elif args.command == "view":
             self.world_view().activate()
             print("%px and %%px now run on every rank of this world (ipyparallel labels their output by engine "
@@ -186,6 +202,9 @@ class MPIMagics(Magics):
                               help="gather without showing the tensor inspector")
     @magic_arguments.argument("--timeout", type=float, default=None, metavar="S",
                               help="stop the cell after S seconds, showing where every rank still running is")
+    @magic_arguments.argument("--trace", action="store_true", default=False,
+                              help="record every rank's MPI calls and show who waits for whom (%%mpi trace, "
+                                   "mpinb.trace())")
     @cell_magic("mpi")
     def mpi_cell(self, line="", cell=""):
         """Run the cell on every rank of the MPI world.
@@ -235,7 +254,7 @@ class MPIMagics(Magics):
                 raise UsageError(f"--ranks: {exc}") from None
         stream = self.stream if args.stream is None else args.stream
         result = self.run(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect,
-                          timeout=timeout)
+                          timeout=timeout, trace=args.trace)
         if result.values:
             return result.values
 
@@ -298,20 +317,28 @@ class MPIMagics(Magics):
             return self.world
         return self.start(n=n)
 
-    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0):
+    def _view(self):
+        return self.live_view if self.live_view != "auto" else ("widgets" if _in_notebook(self.shell) else "text")
+
+    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0, trace=False):
         """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed.
 
         Each name in *gather* becomes a ``PerRank`` in the user namespace (the ranks that had it), shown in the
         tensor inspector when *inspect*; names missing or untransferable on some ranks raise ``GatherError``
-        after the others are assigned.
+        after the others are assigned. With *trace*, every rank's MPI calls are recorded and shown as a
+        timeline when the cell ends, failed or not (``self.last_trace``).
         """
         printer = RankPrinter(color=_color(self.shell))
-        view = self.live_view if self.live_view != "auto" else ("widgets" if _in_notebook(self.shell) else "text")
+        view = self._view()
         self.live = metrics = LiveMetrics(self.history, view=view, refresh_interval=self.refresh_interval,
                               max_points=self.max_points)
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
         number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
-        options = {"report_interval": self.report_interval}
+        options = {"report_interval": self.report_interval, "collective_wait": self.collective_wait or None}
+        tracer = None
+        if trace:
+            options.update(trace=True, trace_buffer=self.trace_buffer)
+            tracer = LiveTrace(view=view)
         if gather:
             options.update(gather=list(gather), stats=inspect, transport=self._transport(ranks), root=self._root())
         try:
@@ -320,16 +347,21 @@ class MPIMagics(Magics):
                 options=options, timeout=timeout or None, interrupt_grace=self.interrupt_grace,
                 status=CellStatus(self.history, widgets=view == "widgets", after=self.status_after),
                 abort_grace=self.abort_grace if self.abort_grace >= 0 else None,
+                collective_wait=self.collective_wait or None, trace=tracer,
             )
         except KeyboardInterrupt as exc:
             stopped = getattr(exc, "mpinb_result", None)
             if stopped is None:
                 raise
             self.last = stopped
+            if tracer is not None:
+                self.last_trace = tracer.finish(stopped.ranks)
             notes = self._recover(stopped)
             raise Interrupted(stopped.errors, stopped.ranks, notes=notes) from None
         if not stream:
             print(result.rank_ordered())
+        if tracer is not None:
+            self.last_trace = tracer.finish(result.ranks)
         self.shell.user_ns.update(result.gathered)
         for note in result.gather_notes:
             print(f"[mpinb] {note}", file=sys.stderr)
@@ -447,7 +479,8 @@ def _split(line, magic):
 
 def _line_parser():
     parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
-    commands = parser.add_subparsers(dest="command", metavar="{start,stop,restart,status,output,metrics,grads,view}")
+    commands = parser.add_subparsers(dest="command",
+                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -475,6 +508,7 @@ def _line_parser():
     grads = commands.add_parser("grads", help="per layer and rank: gradient norms, and where ranks disagree")
     grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
     commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
+    commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
     return parser
 
 

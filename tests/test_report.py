@@ -28,7 +28,7 @@ def recorder():
 def test_numbers_numpy_and_tensors_become_floats(recorder):
     recorder.report(None, None, {"a": 1, "b": np.float32(0.5), "c": np.int64(7), "d": torch.tensor(2.5),
                                  "e": torch.tensor([3.0], requires_grad=True), "f": True})
-    ((run, step, when, values),) = recorder.sink.drain()
+    ((run, step, when, values, _),) = recorder.sink.drain()
     assert (run, step) == ("main", 0)
     assert values == {"a": 1.0, "b": 0.5, "c": 7.0, "d": 2.5, "e": 3.0, "f": 1.0}
     assert all(type(v) is float for v in values.values())
@@ -38,7 +38,7 @@ def test_one_element_arrays_of_any_shape_become_floats(recorder):
     """As one-element torch tensors do: numpy refuses float() of an array with dimensions, report() does not."""
     recorder.report(None, None, {"a": np.array([0.5]), "b": np.array([[2]], dtype=np.int8), "c": np.array(1.5),
                                  "d": np.array([True]), "e": np.float16([0.25]), "f": torch.tensor([[3.0]])})
-    ((_, _, _, values),) = recorder.sink.drain()
+    ((_, _, _, values, _),) = recorder.sink.drain()
     assert values == {"a": 0.5, "b": 2.0, "c": 1.5, "d": 1.0, "e": 0.25, "f": 3.0}
     assert all(type(v) is float for v in values.values())
 
@@ -51,7 +51,7 @@ def test_steps_count_per_run_and_runs_are_sticky(recorder):
     recorder.report(None, "b", {"loss": 1.0})
     recorder.report(None, None, {"loss": 1.0})
     recorder.report(np.int64(7), "main", {"loss": 1.0})
-    assert [(run, step) for run, step, _, _ in recorder.sink.drain()] == [
+    assert [(run, step) for run, step, *_ in recorder.sink.drain()] == [
         ("main", 0), ("main", 1), ("main", 2), ("main", 10), ("main", 11), ("b", 0), ("b", 1), ("main", 7)]
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import zmq
 
 from .. import shm, wire
-from . import gather, report, runner, stacks
+from . import gather, report, rollcall, runner, stacks, trace_torch, tracing
 
 _agent = None
 
@@ -56,6 +56,7 @@ class Agent:
         path = stacks.install()
         stacks.keep_native_stderr()
         self.abort_watch = AbortWatch(self.outbox)
+        self.rollcall = rollcall.RollCall(context, cells, key, rank)
         self.inbox.send_multipart(wire.pack(key, ("hello", rank, path)))
 
     def _on_message(self, frames):
@@ -64,6 +65,14 @@ class Agent:
             return
         _, cell_id, code, number, options = message
         self.outbox.report_interval = options.get("report_interval", self.outbox.report_interval)
+        self.rollcall.after = options.get("collective_wait", self.rollcall.after)
+        self.rollcall.cell = cell_id
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None:
+            trace_torch.install(dist)
+        if options.get("trace"):
+            tracing.state.start(options.get("trace_buffer", tracing.BUFFER))
+            self.outbox.put(("trace", cell_id))
         streams = sys.stdout, sys.stderr
         sys.stdout = ChannelStream(self.outbox, cell_id, "stdout", streams[0])
         sys.stderr = ChannelStream(self.outbox, cell_id, "stderr", streams[1])
@@ -80,7 +89,12 @@ class Agent:
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
+        self.rollcall.cell = None
         self.abort_watch.end_if_aborted(written)  # a cell that called MPI_Abort never replies
+        if tracing.state.spans is not None:
+            spans, dropped = tracing.state.drain()
+            tracing.state.stop()
+            self.outbox.put(("trace-end", cell_id, spans, dropped))
         self.outbox.put(("packed", self._pack_reply(cell_id, reply, buffers)))
 
     def _gather(self, names, options):
@@ -128,6 +142,7 @@ class Agent:
 
     def close(self):
         self.stream.close()
+        self.rollcall.close()
         self.outbox.close()
         if self.arena is not None:
             self.arena.close()
@@ -202,6 +217,7 @@ class Outbox(threading.Thread):
         self.key, self.rank = key, rank
         self.flush_interval = flush_interval
         self.report_interval = 0.1  # each cell sends the notebook's setting
+        self.tracing = None  # the id of the traced cell running, if one is
         self.queue = queue.SimpleQueue()
         self.metrics = report.AgentSink(notify=lambda: self.queue.put("metrics"))
         self.socket = context.socket(zmq.PUSH)
@@ -218,8 +234,9 @@ class Outbox(threading.Thread):
 
     def run(self):
         pending, due, metrics_due = [], None, None  # output waiting, and when output and metrics are next sent
+        trace_due = None  # while a traced cell runs: when its spans are next sent
         while True:
-            deadline = min((d for d in (due, metrics_due) if d is not None), default=None)
+            deadline = min((d for d in (due, metrics_due, trace_due) if d is not None), default=None)
             try:
                 item = self.queue.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -236,6 +253,13 @@ class Outbox(threading.Thread):
                 continue
             if item == "metrics":
                 metrics_due = metrics_due or now + self.report_interval
+            elif item != "tick" and item[0] == "trace":
+                self.tracing, trace_due = item[1], now + self.report_interval
+            elif item != "tick" and item[0] == "trace-end":
+                self._send_output(pending)
+                pending, due, trace_due = [], None, None
+                self._send_trace(item[1], item[2], item[3])
+                self.tracing = None
             elif item != "tick":
                 pending.append(item)
                 due = due or now + self.flush_interval
@@ -245,6 +269,14 @@ class Outbox(threading.Thread):
             if metrics_due is not None and now >= metrics_due:
                 self._send_metrics()
                 metrics_due = None
+            if trace_due is not None and now >= trace_due and self.tracing is not None:
+                self._send_trace(self.tracing, *tracing.state.drain())
+                trace_due = now + self.report_interval
+
+    def _send_trace(self, cell_id, spans, dropped):
+        """A batch of spans, with this rank's two clocks read together (to place them in wall-clock time)."""
+        if spans or dropped:
+            self._send(("trace", self.rank, cell_id, spans, dropped, (tracing.now_ns(), time.time_ns())))
 
     def _send_metrics(self):
         records = self.metrics.drain()

@@ -35,8 +35,8 @@ _ROOTED = {"Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce", "bcast
 _VECTOR = {"Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduce_scatter"}  # counts may differ
 # name: (send buffer, receive buffer, peer, second peer (a source))
 _POINT_TO_POINT = {
-    "Send": (0, None, 1, None), "Ssend": (0, None, 1, None), "Bsend": (0, None, 1, None), "Rsend": (0, None, 1, None),
-    "Recv": (None, 0, 1, None), "Sendrecv": (0, 3, 1, 4), "Sendrecv_replace": (0, 0, 1, 3), "Probe": (None, None, 0, None),
+    "Send": (0, None, 1, None), "Ssend": (0, None, 1, None), "Bsend": (0, None, 1, None),
+    "Rsend": (0, None, 1, None), "Recv": (None, 0, 1, None), "Sendrecv": (0, 3, 1, 4), "Sendrecv_replace": (0, 0, 1, 3), "Probe": (None, None, 0, None),
     "send": (0, None, 1, None), "ssend": (0, None, 1, None), "recv": (None, None, 1, None),
     "sendrecv": (0, None, 1, 4), "probe": (None, None, 0, None),
 }

@@ -22,6 +22,8 @@ import os
 import sys
 import time
 
+from .tracing import state as _trace
+
 DEFAULT_RUN = "main"
 
 
@@ -78,7 +80,10 @@ class Recorder:
             self.sink = ScriptSink()
         defer = self.sink.batches
         values = {name: _number(name, value, defer=defer) for name, value in metrics.items()}
-        self.sink.put((run, step, time.time(), values))
+        if _trace.spans is not None:
+            _trace.mark_step(step)
+        # the last item: seconds this rank has spent in communication so far (its wait time per step)
+        self.sink.put((run, step, time.time(), values, _trace.comm_ns / 1e9))
 
 
 class AgentSink:
@@ -125,7 +130,7 @@ class ScriptSink:
         atexit.register(self.close)
 
     def put(self, record):
-        run, step, when, values = record
+        run, step, when, values = record[:4]
         if self.last is None or self.last[0] != run:
             self.first = (when, step)
         self.last = record
@@ -142,7 +147,7 @@ class ScriptSink:
             self.print_summary()
 
     def print_summary(self):
-        run, step, when, values = self.last
+        run, step, when, values = self.last[:4]
         shown = " ".join(f"{name}={value:.4g}" for name, value in values.items())
         started, first_step = self.first
         rate = f" ({(step - first_step) / (when - started):.1f} steps/s)" if when > started else ""
@@ -210,7 +215,7 @@ class _Deferred:
 
 def _read_deferred(batch):
     """Replace every deferred tensor in *batch* by its float, one device-to-host copy per device."""
-    deferred = [(values, name, value.tensor) for _, _, _, values in batch for name, value in values.items()
+    deferred = [(record[3], name, value.tensor) for record in batch for name, value in record[3].items()
                 if type(value) is _Deferred]
     if not deferred:
         return

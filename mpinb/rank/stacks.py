@@ -20,6 +20,7 @@ SIGNAL = signal.SIGUSR2
 
 _file = None
 _stderr = None
+current_cell_file = ""  # the file the running (or last) cell was compiled as
 STDERR_LIMIT = 64 << 10  # bytes of a rank's recent stderr kept on disk for a post-mortem
 
 
@@ -121,6 +122,8 @@ def note_stderr(text):
 
 def cell_started(filename):
     """Note the file the cell about to run was compiled as."""
+    global current_cell_file
+    current_cell_file = filename
     if _file is not None:
         _file.write(f"cell {filename}\n")
 

@@ -63,7 +63,12 @@ class State:
         spans = self.spans
         if spans is None:
             return [], 0
-        batch = [spans.popleft() for _ in range(len(spans))]
+        batch = []
+        try:
+            while True:  # the outbox thread and, at the end of a cell, the main thread drain: never both lose
+                batch.append(spans.popleft())
+        except IndexError:
+            pass
         dropped = self.recorded - self.drained - len(batch)
         self.drained = self.recorded
         return batch, max(0, dropped)

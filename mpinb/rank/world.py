@@ -24,6 +24,9 @@ def init_world(namespace=None, *, threads=0):
         from IPython import get_ipython
 
         namespace = get_ipython().user_ns
+    from .intercept import install
+
+    install(MPI)  # every MPI call noted: collectives checked for mismatches, spans under %%mpi --trace
     comm = MPI.COMM_WORLD
     namespace.update(comm=comm, rank=comm.rank, size=comm.size, MPI=MPI)
     guard_world(MPI)

@@ -32,12 +32,13 @@ class Series:
 
 
 class Progress:
-    """How far one rank got in one run, and how fast: samples of (rank time, step) taken per batch."""
+    """How far one rank got in one run, and how fast: samples of (rank time, step, seconds in communication so
+    far) taken per batch."""
 
-    __slots__ = ("step", "time", "values", "samples", "arrived")
+    __slots__ = ("step", "time", "values", "samples", "arrived", "comm")
 
     def __init__(self):
-        self.step = self.time = self.arrived = None
+        self.step = self.time = self.arrived = self.comm = None
         self.values = {}
         self.samples = collections.deque()
 
@@ -68,11 +69,11 @@ class History:
         arrived = time.monotonic() if arrived is None else arrived
         new_alerts = []
         touched = {}
-        for run, step, when, values in records:
+        for run, step, when, values, *comm in records:
             progress = touched.get(run)
             if progress is None:
                 progress = touched[run] = self._progress(run, rank)
-                progress.samples.append((when, step))
+                progress.samples.append((when, step, comm[0] if comm else None))
             for name, value in values.items():
                 key = (run, rank, name)
                 series = self.series.get(key)
@@ -91,9 +92,10 @@ class History:
                     new_alerts.append(message)
             progress.values.update(values)
             progress.step, progress.time = step, when
+            progress.comm = comm[0] if comm else None
         for progress in touched.values():
             progress.arrived = arrived
-            progress.samples.append((progress.time, progress.step))
+            progress.samples.append((progress.time, progress.step, progress.comm))
             while len(progress.samples) > 2 and progress.samples[1][0] < progress.time - self.window:
                 progress.samples.popleft()
         return new_alerts
@@ -120,9 +122,33 @@ class History:
         rates = {}
         for rank in self.ranks(run):
             samples = self.progress[(run, rank)].samples
-            (t0, s0), (t1, s1) = samples[0], samples[-1]
+            (t0, s0, _), (t1, s1, _) = samples[0], samples[-1]
             rates[rank] = (s1 - s0) / (t1 - t0) if t1 - t0 >= self.min_span else None
         return rates
+
+    def waits(self, run):
+        """Seconds per step each rank of *run* spent in communication (collectives, waits, point-to-point) over
+        its last ``window`` seconds: ``None`` until measurable, or when the rank does not say (no mpi4py)."""
+        waits = {}
+        for rank in self.ranks(run):
+            samples = self.progress[(run, rank)].samples
+            (t0, s0, c0), (t1, s1, c1) = samples[0], samples[-1]
+            measurable = c0 is not None and c1 is not None and s1 > s0 and t1 - t0 >= self.min_span
+            waits[rank] = (c1 - c0) / (s1 - s0) if measurable else None
+        return waits
+
+    def held_up_by(self, run, *, least=0.001):
+        """``{rank: seconds per step the other ranks wait}`` for the rank of *run* the others wait for: when
+        the others spend at least *least* s per step in communication and it less than half of that (in
+        synchronised training every rank runs at the same steps/s, so only the waits show who is slow)."""
+        waits = {rank: wait for rank, wait in self.waits(run).items() if wait is not None}
+        if len(waits) < 2:
+            return {}
+        slowest = min(waits, key=waits.get)
+        others = statistics.median(wait for rank, wait in waits.items() if rank != slowest)
+        if others >= least and waits[slowest] < 0.5 * others:
+            return {slowest: others - waits[slowest]}
+        return {}
 
     def stragglers(self, run):
         """``{rank: rate / median rate}`` for the ranks of *run* slower than ``straggler_ratio`` × the median."""
@@ -147,7 +173,7 @@ class History:
 
         *live* adds the "no report for N s" note, which only means something while the cell runs.
         """
-        rates, slow = self.rates(run), self.stragglers(run)
+        rates, slow, waits, holder = self.rates(run), self.stragglers(run), self.waits(run), self.held_up_by(run)
         quiet = self.silent(run, now=now) if live else {}
         bad = {}
         for alert_run, rank, note, _ in self.alerts:
@@ -159,10 +185,12 @@ class History:
             notes = list(bad.get(rank, []))
             if rank in slow:
                 notes.append(f"straggler: {slow[rank]:.2f}× the median steps/s")
+            if rank in holder:
+                notes.append(f"straggler: the other ranks wait {holder[rank] * 1e3:.1f} ms per step for it")
             if rank in quiet:
                 notes.append(f"no report for {quiet[rank]:.0f} s")
             rows.append({"rank": rank, "step": progress.step, "values": dict(progress.values),
-                         "rate": rates[rank], "notes": notes})
+                         "rate": rates[rank], "wait": waits[rank], "notes": notes})
         return rows
 
     def to_frame(self, run=None):

@@ -8,12 +8,16 @@ from .text import aligned
 
 def _cells(history, run, *, now=None, live=False):
     names = history.names.get(run, [])
-    header = ["rank", "step", *names, "steps/s", "notes"]
+    summary = history.summary(run, now=now, live=live)
+    waits = any(row["wait"] for row in summary)  # only when ranks communicate (through mpi4py or torch)
+    header = ["rank", "step", *names, "steps/s", *(["wait ms/step"] if waits else []), "notes"]
     rows = []
-    for row in history.summary(run, now=now, live=live):
+    for row in summary:
         values = [_number(row["values"].get(name)) for name in names]
         rate = "" if row["rate"] is None else f"{row['rate']:.1f}"
-        rows.append((row["rank"], [str(row["rank"]), str(row["step"]), *values, rate, "; ".join(row["notes"])]))
+        wait = ["" if row["wait"] is None else f"{row['wait'] * 1e3:.1f}"] if waits else []
+        rows.append((row["rank"], [str(row["rank"]), str(row["step"]), *values, rate, *wait,
+                                   "; ".join(row["notes"])]))
     return header, rows
 
 

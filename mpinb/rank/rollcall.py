@@ -1,0 +1,67 @@
+"""Where is this rank, MPI-wise? A thread that says so when a collective has waited too long, and on request.
+
+The thread owns a socket of its own to the notebook's cell channel (the rank's main thread may be blocked in
+MPI, where mpi4py releases the GIL, so this thread runs). When the main thread has waited in one collective
+longer than ``after`` seconds, it sends ``("waiting", rank, cell, where)`` once; when the notebook asks
+(``"rollcall"``), it answers ``("rollcall", rank, cell, where)`` at once, ``where`` being
+:meth:`mpinb.rank.tracing.State.where` plus the file the running cell was compiled as.
+"""
+
+import threading
+
+import zmq
+
+from .. import wire
+from . import stacks, tracing
+
+
+class RollCall(threading.Thread):
+    def __init__(self, context, address, key, rank, *, every=0.1):
+        super().__init__(name="mpinb-rollcall", daemon=True)
+        self.key, self.rank, self.every = key, rank, every
+        self.after = 1.0  # each cell sends the notebook's setting
+        self.cell = None  # the running cell's id, None between cells
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, f"rollcall-{rank}".encode())
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+        self.reported = None  # the wait last reported, so each is reported once
+        self.closing = False
+        self.start()
+
+    def run(self):
+        self._send(("listening", self.rank))
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        while not self.closing:
+            try:
+                events = poller.poll(int(self.every * 1000))
+            except zmq.ZMQError:
+                return
+            if events:
+                message = wire.unpack(self.key, self.socket.recv_multipart())
+                if message is not None and message[0] == "rollcall":
+                    self._send(("rollcall", self.rank, self.cell, dict(self.where(), asked=message[1])))
+                continue
+            current = tracing.state.current
+            if current is None or self.after is None or current is self.reported:
+                continue
+            if (tracing.now_ns() - current[3]) / 1e9 >= self.after and self.cell is not None:
+                self.reported = current
+                self._send(("waiting", self.rank, self.cell, self.where()))
+        self.socket.close()
+
+    def where(self):
+        where = tracing.state.where()
+        where["cell_file"] = stacks.current_cell_file
+        return where
+
+    def _send(self, message):
+        try:
+            self.socket.send_multipart(wire.pack(self.key, message))
+        except zmq.ZMQError:
+            pass
+
+    def close(self):
+        self.closing = True
+        self.join(timeout=1)
