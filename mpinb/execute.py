@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .diagnose import capture_stacks, death_report, fatal_stack, last_stderr
 from .errors import GatherError, MPIError, RankError
 from .gather import missing_message
-from .mismatch import MismatchWatch
+from .mismatch import MismatchWatch, after_cell, at_death
 from .output import RankPrinter, rank_ordered
 from .ranks import label_ranks
 from .perrank import PerRank
@@ -91,7 +91,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     deadline = time.monotonic() + timeout if timeout else None
     check_liveness_at = time.monotonic() + liveness_every
     wait = liveness_every if metrics is None else min(liveness_every, metrics.refresh_interval)
-    watch = MismatchWatch(channel, ranks, code) if collective_wait is not None else None
+    watch = MismatchWatch(channel, ranks, code, world=world, after=collective_wait) \
+        if collective_wait is not None else None
 
     def stop(reason, stacks=None):
         """Say at once who failed and where every running rank is, then interrupt those ranks. Ranks waiting in
@@ -151,6 +152,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                 continue
             check_liveness_at = now + liveness_every
             _check_deaths(world, ranks, replies, result, code)
+            if result.first_death is not None and result.mismatch is None and watch is not None:
+                result.mismatch = at_death(world, ranks)
             if result.first_death is not None and len(replies) < len(ranks):
                 # a world with a dead rank cannot finish a collective; mpiexec normally ends the rest at once
                 death_seen = death_seen or now
@@ -183,6 +186,19 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
             result.errors[rank] = error
         elif reply["value"] is not None:
             result.values[rank] = reply["value"]
+    if result.mismatch is not None and result.first_death is not None:  # MPI ended the job over it
+        for rank, error in result.errors.items():
+            if error["ename"] == "RankLost":  # one message for every rank, since it names each rank's part
+                result.errors[rank] = _lost(f"ranks were in different collectives, and MPI ended the job over "
+                                            f"it: {result.mismatch}\n%mpi restart starts a fresh world of the "
+                                            "same size")
+                result.errors[rank]["ename"] = "CollectiveMismatch"
+    if not result.errors and result.trouble is None and watch is not None:
+        result.mismatch = after_cell(replies, ranks)
+        if result.mismatch is not None:
+            result.trouble = "mismatch"
+            for rank in ranks:
+                result.errors[rank] = {"ename": "CollectiveMismatch", "evalue": result.mismatch, "traceback": []}
     result.finished = [rank for rank in ranks if rank not in result.errors]
     for name, values in result.gathered.items():  # rank order, whatever order the replies came in
         result.gathered[name] = PerRank(sorted(values.items()))

@@ -9,8 +9,10 @@ cell without entering it); a rank that is merely late is waited for, and asked a
 
 import time
 
-from .diagnose import RankStack
+from .diagnose import RankStack, capture_stacks
 from .ranks import label_ranks
+from .rank.stacks import ledger_path
+from .rank.tracing import read_mirror
 
 
 class MismatchWatch:
@@ -30,8 +32,8 @@ class MismatchWatch:
         Seconds between roll calls while a rank still waits and nothing is decided.
     """
 
-    def __init__(self, channel, ranks, code, *, answer_within=1.0, again_after=1.0):
-        self.channel, self.ranks, self.code = channel, list(ranks), code
+    def __init__(self, channel, ranks, code, *, world=None, after=1.0, answer_within=1.0, again_after=1.0):
+        self.channel, self.ranks, self.code, self.world, self.after = channel, list(ranks), code, world, after
         self.answer_within, self.again_after = answer_within, again_after
         self.states = {}  # rank -> its last answer
         self.asked_at = None  # when the roll call in progress was sent
@@ -54,13 +56,15 @@ class MismatchWatch:
         if self.verdict is not None:
             return None
         if self.asked_at is None:
-            if self.next_call is not None and now >= self.next_call:
+            if (self.next_call is not None and now >= self.next_call) or \
+                    (self.next_call is None and self._long_wait(replies)):
                 self._call(now)
             return None
         answered = all(self.states.get(rank, {}).get("asked") == self.calls for rank in self.ranks)
         if not answered and now < self.asked_at + self.answer_within:
             return None
         self.asked_at = None
+        self._from_mirrors([rank for rank in self.ranks if self.states.get(rank, {}).get("asked") != self.calls])
         finished = {rank for rank, reply in replies.items() if "error" not in reply}
         failed = {rank for rank, reply in replies.items() if "error" in reply}
         self.verdict = diagnose(self.states, self.ranks, finished, failed, self.code)
@@ -71,6 +75,34 @@ class MismatchWatch:
     def stacks(self, ranks):
         """``{rank: RankStack}`` from the answers (where each rank was when it answered)."""
         return {rank: _stack(rank, self.states[rank]) for rank in ranks if rank in self.states}
+
+    def _long_wait(self, replies):
+        """Whether a rank on this host has waited ``after`` seconds in one collective, by its mirror file (a rank
+        in a pickle-based collective holds the GIL, so its roll-call thread cannot say so itself)."""
+        if self.world is None:
+            return False
+        limit = time.perf_counter_ns() - self.after * 1e9
+        for rank in self.ranks:
+            mirror = None if rank in replies else _mirror(self.world, rank)
+            if mirror is not None and not mirror["raised"] and mirror["start_ns"] <= limit:
+                return True
+        return False
+
+    def _from_mirrors(self, silent):
+        """Answers for the ranks that did not answer: their mirror file and their faulthandler stack."""
+        if self.world is None or not silent:
+            return
+        stacks = capture_stacks(self.world, silent, wait=0.5)
+        for rank in silent:
+            mirror = _mirror(self.world, rank)
+            waiting = None
+            if mirror is not None and not mirror["raised"]:
+                members = next((state["ledgers"][mirror["comm"]]["members"] for state in self.states.values()
+                                if mirror["comm"] in state.get("ledgers", {})), tuple(self.ranks))
+                waiting = dict(mirror, members=members)
+            stack = stacks.get(rank)
+            self.states[rank] = {"waiting": waiting, "ledgers": {}, "asked": self.calls, "mirrored": True,
+                                 "frames": stack.frames if stack else [], "cell_file": stack.cell_file if stack else ""}
 
     def _call(self, now):
         self.calls += 1
@@ -87,11 +119,70 @@ def diagnose(states, ranks, finished, failed, code=""):
         first = min((wait for wait in waiting.values() if wait["comm"] == comm), key=lambda wait: wait["seq"])
         seq, members = first["seq"], [rank for rank in first["members"] if rank in ranks]
         entries = {rank: _entry(states.get(rank), comm, seq, rank in finished, rank in failed) for rank in members}
-        signatures = {_comparable(signature) for kind, signature in entries.values()
-                      if kind in ("in", "passed") and signature is not None}
-        if len(signatures) > 1 or any(kind == "finished" for kind, _ in entries.values()):
+        signatures = [signature for kind, signature in entries.values() if kind in ("in", "passed") and signature]
+        if _disagree(signatures) or any(kind == "finished" for kind, _ in entries.values()):
             return _describe(comm, seq, entries, states, code)
     return None
+
+
+def after_cell(replies, ranks):
+    """The mismatch the ranks' ledgers show after a cell every rank finished (MPI does not always hang on one:
+    a broadcast from different roots can complete, with the wrong values), as one line, or ``None``."""
+    ledgers = {rank: reply["collectives"] for rank, reply in replies.items() if "collectives" in reply}
+    if len(ledgers) < len(ranks):
+        return None
+    for comm in sorted({name for _, changed in ledgers.values() for name in changed}):
+        members = next(changed[comm]["members"] for _, changed in ledgers.values() if comm in changed)
+        present = [rank for rank in members if rank in ledgers]
+        counts = {rank: ledgers[rank][0].get(comm, 0) for rank in present}
+        recent = {rank: dict(ledgers[rank][1][comm]["recent"]) if comm in ledgers[rank][1] else {}
+                  for rank in present}
+        if len(set(counts.values())) > 1:
+            seq = min(counts.values()) + 1
+            entries = {rank: ("in", tuple(recent[rank][seq])) if seq in recent[rank] else
+                       ("passed", None) if counts[rank] >= seq else ("finished", None) for rank in present}
+            return _describe(comm, seq, entries, {}, "", entered=True)
+        numbers = set.intersection(*(set(numbers) for numbers in recent.values())) if recent else set()
+        for seq in sorted(numbers):
+            signatures = {rank: tuple(recent[rank][seq]) for rank in present}
+            if _disagree(list(signatures.values())):
+                entries = {rank: ("in", signature) for rank, signature in signatures.items()}
+                return (_describe(comm, seq, entries, {}, "", entered=True) +
+                        "; MPI completed it, so what it moved is not what the cell meant")
+    return None
+
+
+def _disagree(signatures):
+    """Whether two of *signatures* cannot be the same collective: operation or root differ, or count or type
+    where both ranks know them."""
+    for a, b in zip(signatures, signatures[1:]):
+        if a[0] != b[0] or a[1] != b[1] or (a[2] is not None and b[2] is not None and a[2] != b[2]) or \
+                (a[3] and b[3] and a[3] != b[3]):
+            return True
+    return False
+
+
+def at_death(world, ranks):
+    """The mismatch the mirror files of *ranks* (dead, or ended with the job) show: MPI itself ends the job over
+    some mismatches (a count or type that does not fit), and each rank's last words say which collective it was
+    in. One line, or ``None``."""
+    waits = {rank: _mirror(world, rank) for rank in ranks}
+    waits = {rank: mirror for rank, mirror in waits.items() if mirror is not None}
+    for comm in sorted({mirror["comm"] for mirror in waits.values()}):
+        inside = {rank: mirror for rank, mirror in waits.items() if mirror["comm"] == comm}
+        if len({mirror["seq"] for mirror in inside.values()}) == 1 and \
+                _disagree([tuple(mirror["signature"]) for mirror in inside.values()]):
+            seq = next(iter(inside.values()))["seq"]
+            entries = {rank: ("in", tuple(mirror["signature"])) for rank, mirror in inside.items()}
+            return _describe(comm, seq, entries, {}, "")
+    return None
+
+
+def _mirror(world, rank):
+    path = world.stack_files.get(rank)
+    if path is None or not world.on_this_host([rank]):
+        return None
+    return read_mirror(ledger_path(path))
 
 
 def _entry(state, comm, seq, finished, failed):
@@ -113,11 +204,6 @@ def _entry(state, comm, seq, finished, failed):
     return ("finished", None) if finished else ("elsewhere", None)
 
 
-def _comparable(signature):
-    """What must agree between ranks: operation, root, count (not for the v-variants) and type."""
-    return tuple(signature)
-
-
 def signature_text(signature):
     """``Bcast(root=0, 4 x float64)``."""
     op, root, count, dtype = signature
@@ -129,7 +215,7 @@ def signature_text(signature):
     return f"{op}({', '.join(parts)})"
 
 
-def _describe(comm, seq, entries, states, code):
+def _describe(comm, seq, entries, states, code, *, entered=False):
     lines = code.splitlines()
     groups = {}
     for rank, (kind, signature) in entries.items():
@@ -143,11 +229,12 @@ def _describe(comm, seq, entries, states, code):
         who = label_ranks(members)
         text = lines[line - 1].strip() if line and line <= len(lines) else ""
         if kind == "in":
-            parts.append(f"{who} in {signature_text(signature)}" + (f" at cell line {line}" if line else ""))
+            verb = "called" if entered else "in"
+            parts.append(f"{who} {verb} {signature_text(signature)}" + (f" at cell line {line}" if line else ""))
         elif kind == "passed":
             how = f" as {signature_text(signature)}" if signature else ""
             now = f" (now at cell line {line}: {text})" if line else ""
-            parts.append(f"{who} passed it{how}{now}")
+            parts.append(f"{who} passed it{how}{now}" if not entered else f"{who} called it")
         elif kind == "elsewhere":
             where = f" (at cell line {line}: {text})" if line else ""
             parts.append(f"{who} {'is' if len(members) == 1 else 'are'} not in a collective{where}")

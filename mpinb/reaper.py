@@ -17,7 +17,7 @@ import time
 
 import psutil
 
-from .rank.stacks import native_stderr_path, stack_path, stderr_path
+from .rank.stacks import ledger_path, native_stderr_path, stack_path, stderr_path
 
 
 def main(argv):
@@ -103,7 +103,7 @@ def remove_world_files(status_dir, pids, stack_files=()):
     if status_dir:
         shutil.rmtree(status_dir, ignore_errors=True)
     for path in {*stack_files, *(stack_path(pid) for pid in pids)}:
-        for kept in (path, stderr_path(path), native_stderr_path(path)):
+        for kept in (path, stderr_path(path), native_stderr_path(path), ledger_path(path)):
             try:
                 os.unlink(kept)
             except FileNotFoundError:

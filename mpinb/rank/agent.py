@@ -55,6 +55,7 @@ class Agent:
         self.stream.on_recv(self._on_message)
         path = stacks.install()
         stacks.keep_native_stderr()
+        tracing.state.mirror_to(stacks.ledger_path(path))
         self.abort_watch = AbortWatch(self.outbox)
         self.rollcall = rollcall.RollCall(context, cells, key, rank)
         self.inbox.send_multipart(wire.pack(key, ("hello", rank, path)))
@@ -80,8 +81,11 @@ class Agent:
         sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
         buffers = []
         written = stacks.native_stderr_size()
+        counts = tracing.state.counts()
         try:
             reply = runner.run_cell(code, number=number)
+            # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
+            reply["collectives"] = (tracing.state.counts(), tracing.state.changed(counts))
             if options.get("gather"):
                 reply["gathered"], buffers = self._gather(options["gather"], options)
         except BaseException as exc:  # noqa: BLE001 - a cell always gets its reply, or the notebook waits forever

@@ -32,6 +32,7 @@ _OBJECT_COLLECTIVES = {
     "exscan": (0, None, None, 1),
 }
 _ROOTED = {"Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce", "bcast", "gather", "scatter", "reduce"}
+_SAME_SIZE_IN_PLACE = {"Allreduce", "Reduce", "Scan", "Exscan", "Bcast"}
 _VECTOR = {"Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduce_scatter"}  # counts may differ
 # name: (send buffer, receive buffer, peer, second peer (a source))
 _POINT_TO_POINT = {
@@ -169,6 +170,7 @@ def _object_bytes(obj):
 def _buffer_collective(base, name, spec_name, spec):
     send_at, recv_at, root_at, op_at = spec
     nonblocking = name != spec_name
+    scatter = spec_name.startswith("Scatter")
     rooted, vector = spec_name in _ROOTED, spec_name in _VECTOR
     broadcast = name in ("Bcast", "Ibcast")
     request_class = _installed_request
@@ -183,10 +185,12 @@ def _buffer_collective(base, name, spec_name, spec):
             send = None
         count, dtype, sent = describe(send)
         received = describe(receive)[2] if receive is not None and recv_at != send_at else 0
-        if count is None and receive is not None:
+        if (count is None or scatter) and receive is not None:  # a scatter's send buffer holds every part
             count, dtype, _ = describe(receive)
         if in_place:
             sent = received
+            if spec_name not in _SAME_SIZE_IN_PLACE:  # the receive buffer holds every rank's part
+                count = None
         root = _argument(args, kwargs, root_at, _KEYWORDS["root"]) if rooted else None
         if rooted and root is None:
             root = 0
@@ -205,12 +209,15 @@ def _buffer_collective(base, name, spec_name, spec):
             _span(name, info.name, root, sent, received, start, _now(), seq, "collective", detail)
             return request
         start = _now()
-        _state.current = (info, seq, signature, start)
+        _state.enter(info, seq, signature, start)
+        done = False
         try:
-            return base(self, *args, **kwargs)
+            value = base(self, *args, **kwargs)
+            done = True
+            return value
         finally:
             end = _now()
-            _state.current = None
+            _state.leave(done)
             _state.comm_ns += end - start
             if _state.spans is not None:
                 _span(name, info.name, root, sent, received, start, end, seq, "collective", detail)
@@ -231,14 +238,15 @@ def _object_collective(base, name, spec):
         seq = info.count
         info.recent.append((seq, signature))
         start = _now()
-        _state.current = (info, seq, signature, start)
-        value = None
+        _state.enter(info, seq, signature, start)
+        value, done = None, False
         try:
             value = base(self, *args, **kwargs)
+            done = True
             return value
         finally:
             end = _now()
-            _state.current = None
+            _state.leave(done)
             _state.comm_ns += end - start
             if _state.spans is not None:
                 op = _argument(args, kwargs, op_at, _KEYWORDS["op"])
@@ -367,12 +375,12 @@ def _request_class(MPI):
         collective = next((info for info in infos if info[5] is not None), None)
         start = _now()
         if collective is not None:
-            _state.current = (collective[1], collective[5], collective[6], start)
+            _state.enter(collective[1], collective[5], collective[6], start)
         try:
             return call(*args)
         finally:
             end = _now()
-            _state.current = None
+            _state.leave()
             _state.comm_ns += end - start
             if _state.spans is not None and infos:
                 first = infos[0]

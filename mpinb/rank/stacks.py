@@ -34,6 +34,11 @@ def stderr_path(path):
     return path.replace("mpinb-stacks-", "mpinb-stderr-")
 
 
+def ledger_path(path):
+    """Where the rank that dumps stacks to *path* mirrors the collective it waits in (``rank/tracing.py``)."""
+    return path.replace("mpinb-stacks-", "mpinb-ledger-")
+
+
 def native_stderr_path(path):
     """Where the rank that dumps stacks to *path* sends what C code writes to its standard error."""
     return path.replace("mpinb-stacks-", "mpinb-cstderr-")

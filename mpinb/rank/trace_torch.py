@@ -52,13 +52,13 @@ def _wrap(dist, function, name, spec):
             info.count += 1
             seq = info.count
             info.recent.append((seq, signature))
-            _state.current = (info, seq, signature, start)
+            _state.enter(info, seq, signature, start)
         try:
             return function(*args, **kwargs)
         finally:
             end = _now()
             if info is not None:
-                _state.current = None
+                _state.leave()
             _state.comm_ns += end - start
             if _state.spans is not None:
                 size = _bytes(tensor)

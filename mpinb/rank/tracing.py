@@ -11,25 +11,61 @@ The calls are intercepted in Python (``rank/intercept.py``).
 """
 
 import collections
+import mmap
 import os
+import struct
 import sys
 import threading
 import time
 
 now_ns = time.perf_counter_ns
 BUFFER = 100_000  # spans kept per rank between drains at most (the oldest go first)
-RECENT = 16  # collectives remembered per communicator, for the roll call
+RECENT = 64  # collectives remembered per communicator, for the roll call
 
 
 class Ledger:
     """One communicator's collectives on this rank: how many were entered, and the last :data:`RECENT`."""
 
-    __slots__ = ("name", "members", "count", "recent")
+    __slots__ = ("name", "members", "count", "recent", "encoded")
 
     def __init__(self, name, members):
         self.name, self.members = name, members  # members: world ranks, in the communicator's rank order
         self.count = 0
         self.recent = collections.deque(maxlen=RECENT)  # (seq, signature)
+        self.encoded = name.encode()[:48]
+
+
+# The collective the main thread waits in, mirrored in a small file the notebook reads when the rank cannot
+# answer a roll call (a pickle-based collective holds the GIL while it waits) or has died (MPI ended the job
+# over a count or type mismatch): a version that is odd while the record is written, whether the rank is in a
+# collective, seq, root, count (-1: none), start, then operation, type and communicator names.
+MIRROR = struct.Struct("<qqqqqq24s16s48s")
+_ENCODED = {}
+
+
+def _encode(text):
+    if text is None:
+        return b""
+    encoded = _ENCODED.get(text)
+    if encoded is None:
+        encoded = _ENCODED[text] = str(text).encode()[:24]
+    return encoded
+
+
+def read_mirror(path):
+    """``{"comm", "seq", "signature", "start_ns", "raised"}`` of the collective the rank of mirror file *path*
+    is in, or the last one that raised there (its last words, if MPI then ended the job), or ``None``."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MIRROR.size)
+        version, active, seq, root, count, start, op, dtype, comm = MIRROR.unpack(data)
+    except (OSError, struct.error):
+        return None
+    if version % 2 or not active:
+        return None
+    text = [value.rstrip(b"\0").decode(errors="replace") for value in (op, dtype, comm)]
+    return {"comm": text[2], "seq": seq, "start_ns": start, "raised": active == 2,
+            "signature": (text[0], None if root < 0 else root, None if count < 0 else count, text[1] or None)}
 
 
 class State:
@@ -43,6 +79,32 @@ class State:
         self.recorded = 0  # spans appended since tracing began (to tell how many the ring dropped)
         self.drained = 0
         self.main = threading.main_thread().ident
+        self.mirror = None  # an mmap of the mirror file, once a notebook's world set one up
+        self.version = 0
+
+    def mirror_to(self, path):
+        """Mirror the collective being waited in to *path* from now on (see :data:`MIRROR`)."""
+        with open(path, "wb") as file:
+            file.write(b"\0" * mmap.PAGESIZE)
+        with open(path, "r+b") as file:
+            self.mirror = mmap.mmap(file.fileno(), mmap.PAGESIZE)
+
+    def enter(self, ledger, seq, signature, start):
+        """The main thread waits in collective *seq* of *ledger* from *start* (ns) on."""
+        self.current = (ledger, seq, signature, start)
+        mirror = self.mirror
+        if mirror is not None:
+            self.version += 2
+            op, root, count, dtype = signature
+            MIRROR.pack_into(mirror, 0, self.version + 1, 1, seq, -1 if root is None else root,
+                             -1 if count is None else count, start, _encode(op), _encode(dtype), ledger.encoded)
+            mirror[0:8] = (self.version).to_bytes(8, "little")
+
+    def leave(self, done=True):
+        """The wait is over: the collective completed (*done*), or raised (then the mirror keeps it, marked)."""
+        self.current = None
+        if self.mirror is not None:
+            self.mirror[8:16] = (0 if done else 2).to_bytes(8, "little")
 
     def ledger(self, name, members):
         ledger = self.ledgers.get(name)
@@ -79,6 +141,15 @@ class State:
             moment = now_ns()
             self.spans.append(("step", "", None, 0, 0, moment, moment, step, "step", ""))
             self.recorded += 1
+
+    def counts(self):
+        """How many collectives each communicator has seen so far (to tell, later, which a cell used)."""
+        return {name: ledger.count for name, ledger in list(self.ledgers.items())}
+
+    def changed(self, counts):
+        """The ledgers of the communicators used since *counts* was taken, as a roll call gives them."""
+        return {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
+                for name, ledger in list(self.ledgers.items()) if ledger.count != counts.get(name, 0)}
 
     def where(self):
         """This rank's answer to a roll call: the collective it waits in, its recent collectives and its stack."""
