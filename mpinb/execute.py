@@ -74,7 +74,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
 
     When a rank has waited *collective_wait* seconds in one collective, every rank is asked where it is, and
     ranks proven to be in different collectives stop the cell (``result.mismatch``; ``None`` turns it off).
-    Spans of a traced cell go to *trace* (a :class:`~mpinb.trace.TraceCollector`).
+    Spans of a traced cell go to *trace* (a :class:`~mpinb.live.LiveTrace`).
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()

@@ -132,7 +132,7 @@ class CellStatus:
 
 class LiveTrace:
     """The trace of one ``%%mpi --trace`` cell: every rank's spans as their batches arrive, and at the end the
-    :class:`~mpinb.trace.Trace`, its summary, and the timeline (a widget in a notebook, text in a terminal).
+    :class:`~mpinb.traces.Trace`, its summary, and the timeline (a widget in a notebook, text in a terminal).
 
     Parameters
     ----------
@@ -157,7 +157,7 @@ class LiveTrace:
 
     def finish(self, ranks=()):
         """The cell ended: build the trace, show it, and return it."""
-        from .trace import frame, summarize
+        from .traces import frame, summarize
 
         for rank in ranks:
             self.spans.setdefault(rank, [])
@@ -169,7 +169,7 @@ class LiveTrace:
 
 def show_trace(trace, summary=None, *, view):
     """Display *trace*: the timeline widget and summary table in a notebook, the summary as text elsewhere."""
-    from .trace import summarize, summary_text
+    from .traces import summarize, summary_text
 
     summary = summary or summarize(trace)
     if view == "widgets":

@@ -1,6 +1,5 @@
 """The trace's table, its Chrome export, its summary (who held whom up) and the timeline widget, on made-up spans."""
 
-import importlib
 import json
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 from mpinb.rank import chrome
 from mpinb.widgets.timeline import TimelineWidget
 
-tr = importlib.import_module("mpinb.trace")  # the module (mpinb.trace, the attribute, is also a function)
+from mpinb import traces as tr
 MS = 1_000_000  # nanoseconds
 T0 = 5_000_000_000_000  # a perf_counter_ns() of a long-running host
 
