@@ -161,10 +161,10 @@ class Summary:
 def summarize(trace):
     """Find the rank the others waited for and split each rank's traced time into communication and compute.
 
-    Blocking collectives (kinds ``collective`` and ``torch``, not nonblocking ``I...`` calls, not calls nested in
-    another traced call) are matched across ranks by ``(comm, seq)``. In each collective two or more ranks took
-    part in, the rank that started last is the last arriver; every other rank waited from its own start to that
-    one. A rank that arrived last at more than half of them, while the others waited more than 1 ms per
+    Collectives (kinds ``collective`` and ``torch``, not calls nested in another traced call) are matched across
+    ranks by ``(comm, seq)``; a nonblocking one (``Iallreduce``: ``allreduce_gradients``' buckets) arrives when it
+    is posted, and the others wait for it in their ``Wait``. In each collective two or more ranks took part in,
+    the rank that started last is the last arriver; every other rank waited from its own start to that one. A rank that arrived last at more than half of them, while the others waited more than 1 ms per
     collective for it on average, is the straggler.
 
     A rank's communication time is the length of the union of its calls (a torch call and the MPI call inside
@@ -216,12 +216,12 @@ def traced_ranks(trace):
 
 
 def _matched(trace):
-    """The rows of blocking collectives worth matching: outermost calls of kind collective/torch with a seq."""
+    """The rows of collectives worth matching: outermost calls of kind collective/torch with a seq."""
     keep = []
     for _, spans in trace.groupby("rank", sort=False):
         calls = spans[spans["kind"] != "step"]
         nested, _ = _nesting(calls["start"].to_numpy(), calls["end"].to_numpy())
-        blocking = calls["kind"].isin(BLOCKING) & calls["seq"].notna() & ~calls["op"].str.match(r"I[a-z]")
+        blocking = calls["kind"].isin(BLOCKING) & calls["seq"].notna()
         blocking = blocking.to_numpy()
         keep.append(calls[blocking & ~nested])
     if not keep:

@@ -56,6 +56,7 @@ class Agent:
         path = stacks.install()
         stacks.keep_native_stderr()
         tracing.state.mirror_to(stacks.ledger_path(path))
+        trace_torch.install_when_imported()
         self.abort_watch = AbortWatch(self.outbox)
         self.rollcall = rollcall.RollCall(context, cells, key, rank)
         self.inbox.send_multipart(wire.pack(key, ("hello", rank, path)))
@@ -68,9 +69,6 @@ class Agent:
         self.outbox.report_interval = options.get("report_interval", self.outbox.report_interval)
         self.rollcall.after = options.get("collective_wait", self.rollcall.after)
         self.rollcall.cell = cell_id
-        dist = sys.modules.get("torch.distributed")
-        if dist is not None:
-            trace_torch.install(dist)
         if options.get("trace"):
             tracing.state.start(options.get("trace_buffer", tracing.BUFFER))
             self.outbox.put(("trace", cell_id))

@@ -279,7 +279,7 @@ def _p2p_span(comm, name, args, kwargs, spec, objects, value, start, end):
     send_at, recv_at, peer_at, source_at = spec
     send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
     receive = _argument(args, kwargs, recv_at, _KEYWORDS["recv"])
-    names = _KEYWORDS["source"] if name.endswith(("ecv", "robe")) else _KEYWORDS["peer"]
+    names = _KEYWORDS["source"] if name in ("Recv", "recv", "Probe", "probe") else _KEYWORDS["peer"]
     peer = _argument(args, kwargs, peer_at, names)
     if objects:
         sent, received = _object_bytes(send), _object_bytes(value)

@@ -3,6 +3,9 @@ traced, as a span (kind ``"torch"``). The module's functions are wrapped in plac
 """
 
 import functools
+import importlib.abc
+import importlib.util
+import sys
 
 from . import tracing
 
@@ -31,6 +34,34 @@ def install(dist):
         function = getattr(dist, name, None)
         if function is not None:
             setattr(dist, name, _wrap(dist, function, name, spec))
+
+
+def install_when_imported():
+    """Wrap ``torch.distributed`` now if it is imported, else the moment it is (idempotent)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        install(dist)
+    elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: lets the other finders find ``torch.distributed``, then wraps it once loaded."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch.distributed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                install(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
 
 
 def _wrap(dist, function, name, spec):
