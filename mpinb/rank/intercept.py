@@ -204,9 +204,10 @@ def _buffer_collective(base, name, spec_name, spec):
         detail = _detail(count, dtype, op, installed)
         if nonblocking:
             start = _now()
-            request = request_class()(base(self, *args, **kwargs))
+            request = _traced_request(request_class(), base(self, *args, **kwargs))
             request._mpinb = (name, info, root, sent, received, seq, signature, detail)
-            _span(name, info.name, root, sent, received, start, _now(), seq, "collective", detail)
+            if _state.spans is not None:
+                _span(name, info.name, root, sent, received, start, _now(), seq, "collective", detail)
             return request
         start = _now()
         _state.enter(info, seq, signature, start)
@@ -301,7 +302,7 @@ def _nonblocking(base, name, spec):
 
     def method(self, *args, **kwargs):
         start = _now()
-        request = request_class()(base(self, *args, **kwargs))
+        request = _traced_request(request_class(), base(self, *args, **kwargs))
         end = _now()
         peer = _peer(_argument(args, kwargs, peer_at, _KEYWORDS["source" if receiving else "peer"]))
         sent = received = 0
@@ -422,6 +423,13 @@ def _request_class(MPI):
 
     TracedRequest.__name__ = TracedRequest.__qualname__ = "Request"
     return TracedRequest
+
+
+def _traced_request(kind, request):
+    """*request* as a traced one; the original is kept with it, since it holds the call's buffers alive."""
+    traced = kind(request)
+    traced._mpinb_original = request
+    return traced
 
 
 def _installed_request():
