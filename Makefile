@@ -60,6 +60,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/slurm_start.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/mpis.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/trace.py --markdown benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache
