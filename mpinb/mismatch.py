@@ -118,7 +118,8 @@ def diagnose(states, ranks, finished, failed, code=""):
     for comm in sorted({wait["comm"] for wait in waiting.values()}):
         first = min((wait for wait in waiting.values() if wait["comm"] == comm), key=lambda wait: wait["seq"])
         seq, members = first["seq"], [rank for rank in first["members"] if rank in ranks]
-        entries = {rank: _entry(states.get(rank), comm, seq, rank in finished, rank in failed) for rank in members}
+        entries = {rank: _entry(states.get(rank), comm, seq, rank in finished, rank in failed, first["members"])
+                   for rank in members}
         signatures = [signature for kind, signature in entries.values() if kind in ("in", "passed") and signature]
         if _disagree(signatures) or any(kind == "finished" for kind, _ in entries.values()):
             return _describe(comm, seq, entries, states, code)
@@ -131,10 +132,12 @@ def after_cell(replies, ranks):
     ledgers = {rank: reply["collectives"] for rank, reply in replies.items() if "collectives" in reply}
     if len(ledgers) < len(ranks):
         return None
-    for comm in sorted({name for _, changed in ledgers.values() for name in changed}):
-        members = next(changed[comm]["members"] for _, changed in ledgers.values() if comm in changed)
-        present = [rank for rank in members if rank in ledgers]
-        counts = {rank: ledgers[rank][0].get(comm, 0) for rank in present}
+    used = {(name, tuple(ledger["members"])) for _, changed in ledgers.values() for name, ledger in changed.items()}
+    for comm, members in sorted(used):
+        # the members that hold this very communicator (a Split's colours share its name)
+        present = [rank for rank in members if rank in ledgers and comm in ledgers[rank][0]
+                   and tuple(ledgers[rank][0][comm][1]) == members]
+        counts = {rank: ledgers[rank][0][comm][0] for rank in present}
         recent = {rank: dict(ledgers[rank][1][comm]["recent"]) if comm in ledgers[rank][1] else {}
                   for rank in present}
         if len(set(counts.values())) > 1:
@@ -185,7 +188,7 @@ def _mirror(world, rank):
     return read_mirror(ledger_path(path))
 
 
-def _entry(state, comm, seq, finished, failed):
+def _entry(state, comm, seq, finished, failed, members=None):
     """``(kind, signature)`` of one member at collective *seq* of *comm*: in it, passed it, or where instead."""
     if state is None:
         return ("failed", None) if failed else ("finished", None) if finished else ("silent", None)
@@ -193,6 +196,8 @@ def _entry(state, comm, seq, finished, failed):
     if wait is not None and wait["comm"] == comm and wait["seq"] == seq:
         return "in", tuple(wait["signature"])
     ledger = state["ledgers"].get(comm)
+    if ledger is not None and members is not None and tuple(ledger["members"]) != tuple(members):
+        ledger = None  # a communicator of the same name without this rank's partners (another Split colour)
     if ledger is not None:
         for number, signature in ledger["recent"]:
             if number == seq:

@@ -37,7 +37,8 @@ _VECTOR = {"Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduc
 # name: (send buffer, receive buffer, peer, second peer (a source))
 _POINT_TO_POINT = {
     "Send": (0, None, 1, None), "Ssend": (0, None, 1, None), "Bsend": (0, None, 1, None),
-    "Rsend": (0, None, 1, None), "Recv": (None, 0, 1, None), "Sendrecv": (0, 3, 1, 4), "Sendrecv_replace": (0, 0, 1, 3), "Probe": (None, None, 0, None),
+    "Rsend": (0, None, 1, None), "Recv": (None, 0, 1, None), "Sendrecv": (0, 3, 1, 4),
+    "Sendrecv_replace": (0, 0, 1, 3), "Probe": (None, None, 0, None),
     "send": (0, None, 1, None), "ssend": (0, None, 1, None), "recv": (None, None, 1, None),
     "sendrecv": (0, None, 1, 4), "probe": (None, None, 0, None),
 }
@@ -140,11 +141,11 @@ def describe(buffer):
     size = getattr(buffer, "nbytes", None)
     dtype = getattr(buffer, "dtype", None)
     if size is not None and dtype is not None:  # numpy and friends
-        return getattr(buffer, "size", None), str(dtype), int(size)
+        return getattr(buffer, "size", None), _dtype_name(dtype), int(size)
     numel = getattr(buffer, "numel", None)
     if numel is not None and dtype is not None:  # torch
         count = numel()
-        return count, str(dtype).replace("torch.", ""), count * buffer.element_size()
+        return count, _dtype_name(dtype), count * buffer.element_size()
     try:
         view = memoryview(buffer)
     except TypeError:
@@ -158,13 +159,28 @@ def describe(buffer):
     return view.nbytes // itemsize, name, view.nbytes
 
 
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dtype):
+    """``float64``, ``float32``, ... (``str()`` of a numpy dtype costs microseconds: they are kept)."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        return name
+    except TypeError:  # not hashable
+        return str(dtype)
+
+
 def _object_bytes(obj):
-    size = getattr(obj, "nbytes", None)
-    if size is not None:
-        return int(size)
-    if type(obj) in (bytes, bytearray):
+    kind = type(obj)
+    if kind is int or kind is float or obj is None:
+        return 0
+    if kind is bytes or kind is bytearray:
         return len(obj)
-    return 0
+    size = getattr(obj, "nbytes", None)
+    return int(size) if size is not None else 0
 
 
 def _buffer_collective(base, name, spec_name, spec):
@@ -176,32 +192,48 @@ def _buffer_collective(base, name, spec_name, spec):
     request_class = _installed_request
 
     def method(self, *args, **kwargs):
-        info = self._mpinb if hasattr(self, "_mpinb") else _info(self)
+        try:
+            info = self._mpinb
+        except AttributeError:
+            info = _info(self)
         installed = _installed
-        send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
-        receive = _argument(args, kwargs, recv_at, _KEYWORDS["recv"])
+        if kwargs:
+            send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
+            receive = _argument(args, kwargs, recv_at, _KEYWORDS["recv"])
+            root = _argument(args, kwargs, root_at, _KEYWORDS["root"])
+            op = _argument(args, kwargs, op_at, _KEYWORDS["op"])
+        else:  # the common call, positional only: no function calls to find the arguments
+            n = len(args)
+            send = args[send_at] if send_at is not None and send_at < n else None
+            receive = args[recv_at] if recv_at is not None and recv_at < n else None
+            root = args[root_at] if root_at is not None and root_at < n else None
+            op = args[op_at] if op_at is not None and op_at < n else None
         in_place = send is installed["in_place"]
         if in_place:
             send = None
         count, dtype, sent = describe(send)
-        received = describe(receive)[2] if receive is not None and recv_at != send_at else 0
-        if (count is None or scatter) and receive is not None:  # a scatter's send buffer holds every part
-            count, dtype, _ = describe(receive)
+        received = 0
+        if receive is not None and ((count is None or scatter) or (_state.spans is not None and recv_at != send_at)):
+            count_received, dtype_received, received = describe(receive)
+            if count is None or scatter:  # a scatter's send buffer holds every part
+                count, dtype = count_received, dtype_received
+            if recv_at == send_at:
+                received = 0
         if in_place:
             sent = received
             if spec_name not in _SAME_SIZE_IN_PLACE:  # the receive buffer holds every rank's part
                 count = None
-        root = _argument(args, kwargs, root_at, _KEYWORDS["root"]) if rooted else None
         if rooted and root is None:
             root = 0
-        op = _argument(args, kwargs, op_at, _KEYWORDS["op"])
-        if broadcast and root != self.Get_rank():
-            sent, received = 0, sent
         signature = (name, root, None if vector else count, dtype)
         info.count += 1
         seq = info.count
         info.recent.append((seq, signature))
-        detail = _detail(count, dtype, op, installed)
+        detail = ""
+        if _state.spans is not None:
+            detail = _detail(count, dtype, op, installed)
+            if broadcast and root != self.Get_rank():
+                sent, received = 0, sent
         if nonblocking:
             start = _now()
             request = _traced_request(request_class(), base(self, *args, **kwargs))
@@ -231,9 +263,19 @@ def _object_collective(base, name, spec):
     rooted = name in _ROOTED
 
     def method(self, *args, **kwargs):
-        info = self._mpinb if hasattr(self, "_mpinb") else _info(self)
-        obj = _argument(args, kwargs, send_at, _KEYWORDS["send"])
-        root = (_argument(args, kwargs, root_at, _KEYWORDS["root"]) or 0) if rooted else None
+        try:
+            info = self._mpinb
+        except AttributeError:
+            info = _info(self)
+        if kwargs:
+            obj = _argument(args, kwargs, send_at, _KEYWORDS["send"])
+            root = _argument(args, kwargs, root_at, _KEYWORDS["root"])
+        else:
+            n = len(args)
+            obj = args[send_at] if send_at is not None and send_at < n else None
+            root = args[root_at] if root_at is not None and root_at < n else None
+        if rooted and root is None:
+            root = 0
         signature = (name, root, None, None)
         info.count += 1
         seq = info.count
@@ -250,9 +292,10 @@ def _object_collective(base, name, spec):
             _state.leave(done)
             _state.comm_ns += end - start
             if _state.spans is not None:
-                op = _argument(args, kwargs, op_at, _KEYWORDS["op"])
+                op = _argument(args, kwargs, op_at, _KEYWORDS["op"]) if op_at is not None else None
                 _span(name, info.name, root, _object_bytes(obj), _object_bytes(value), start, end, seq,
-                      "collective", _detail(None, type(obj).__name__ if obj is not None else None, op, _installed))
+                      "collective", type(obj).__name__ if op is None else _detail(None, type(obj).__name__, op,
+                                                                                     _installed))
 
     return _named(method, name, base)
 

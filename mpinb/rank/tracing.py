@@ -37,9 +37,11 @@ class Ledger:
 
 # The collective the main thread waits in, mirrored in a small file the notebook reads when the rank cannot
 # answer a roll call (a pickle-based collective holds the GIL while it waits) or has died (MPI ended the job
-# over a count or type mismatch): a version that is odd while the record is written, whether the rank is in a
-# collective, seq, root, count (-1: none), start, then operation, type and communicator names.
+# over a count or type mismatch): whether the rank is in a
+# collective (0 no, 1 yes, 2 it raised there), seq, root, count (-1: none), start, then operation, type and
+# communicator names. The first field (0) is kept for a version, should the record change.
 MIRROR = struct.Struct("<qqqqqq24s16s48s")
+_LEFT, _RAISED = (0).to_bytes(8, "little"), (2).to_bytes(8, "little")
 _ENCODED = {}
 
 
@@ -61,7 +63,7 @@ def read_mirror(path):
         version, active, seq, root, count, start, op, dtype, comm = MIRROR.unpack(data)
     except (OSError, struct.error):
         return None
-    if version % 2 or not active:
+    if version != 0 or not active:
         return None
     text = [value.rstrip(b"\0").decode(errors="replace") for value in (op, dtype, comm)]
     return {"comm": text[2], "seq": seq, "start_ns": start, "raised": active == 2,
@@ -80,7 +82,6 @@ class State:
         self.drained = 0
         self.main = threading.main_thread().ident
         self.mirror = None  # an mmap of the mirror file, once a notebook's world set one up
-        self.version = 0
 
     def mirror_to(self, path):
         """Mirror the collective being waited in to *path* from now on (see :data:`MIRROR`)."""
@@ -93,18 +94,16 @@ class State:
         """The main thread waits in collective *seq* of *ledger* from *start* (ns) on."""
         self.current = (ledger, seq, signature, start)
         mirror = self.mirror
-        if mirror is not None:
-            self.version += 2
+        if mirror is not None:  # one write (the reader looks only at ranks that have waited a second in it)
             op, root, count, dtype = signature
-            MIRROR.pack_into(mirror, 0, self.version + 1, 1, seq, -1 if root is None else root,
-                             -1 if count is None else count, start, _encode(op), _encode(dtype), ledger.encoded)
-            mirror[0:8] = (self.version).to_bytes(8, "little")
+            MIRROR.pack_into(mirror, 0, 0, 1, seq, -1 if root is None else root, -1 if count is None else count,
+                             start, _encode(op), _encode(dtype), ledger.encoded)
 
     def leave(self, done=True):
         """The wait is over: the collective completed (*done*), or raised (then the mirror keeps it, marked)."""
         self.current = None
         if self.mirror is not None:
-            self.mirror[8:16] = (0 if done else 2).to_bytes(8, "little")
+            self.mirror[8:16] = _LEFT if done else _RAISED
 
     def ledger(self, name, members):
         ledger = self.ledgers.get(name)
@@ -143,13 +142,14 @@ class State:
             self.recorded += 1
 
     def counts(self):
-        """How many collectives each communicator has seen so far (to tell, later, which a cell used)."""
-        return {name: ledger.count for name, ledger in list(self.ledgers.items())}
+        """``{name: (count, members)}``: how many collectives each communicator has seen so far, and who is in
+        it (the same name can be different communicators on different ranks: ``Split`` by colour)."""
+        return {name: (ledger.count, ledger.members) for name, ledger in list(self.ledgers.items())}
 
     def changed(self, counts):
         """The ledgers of the communicators used since *counts* was taken, as a roll call gives them."""
         return {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
-                for name, ledger in list(self.ledgers.items()) if ledger.count != counts.get(name, 0)}
+                for name, ledger in list(self.ledgers.items()) if (ledger.count, ledger.members) != counts.get(name)}
 
     def where(self):
         """This rank's answer to a roll call: the collective it waits in, its recent collectives and its stack."""
