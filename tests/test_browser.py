@@ -157,3 +157,41 @@ def test_faults_render_in_jupyterlab_with_who_failed_and_where(tmp_path, monkeyp
     assert not any(re.search(r"mpinb/(magics|execute|cluster|channel)\.py|site-packages/(zmq|ipyparallel)", text)
                    for text in shown)
     assert not leftover_ranks(tag)
+
+
+TRACED = ["%load_ext mpinb\n%mpi start -n 4",
+          "%%mpi --trace\nimport time, numpy as np, mpinb\ng = np.zeros(10000)\nfor step in range(30):\n"
+          "    time.sleep(0.005 + (0.03 if rank == 2 else 0))\n    comm.Allreduce(np.ones(10000), g)\n"
+          "    mpinb.report(step=step, loss=1.0 / (step + 1))",
+          "%%mpi\nimport numpy as np\nif rank == 1:\n    comm.Allreduce(np.zeros(4, 'f'), np.zeros(4, 'f'))\n"
+          "else:\n    comm.Bcast(np.zeros(4), root=0)",
+          "%mpi stop"]
+
+
+def test_the_timeline_and_a_mismatch_render_in_jupyterlab(tmp_path, monkeypatch):
+    """A straggler traced in JupyterLab: one timeline lane of Allreduce bars per rank, the summary naming rank 2,
+    the live table flagging it; then a mismatched collective named in the cell's error."""
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in TRACED]
+    nbformat.write(notebook, root / "traced.ipynb")
+    tag = new_world_tag()
+    with notebook_in_lab(root, "traced.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 2400},
+                         screenshot="jupyterlab-timeline.png") as (page, cells):
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+        for index in range(3):
+            run(cells.nth(index), page, wait=True)
+        traced = cells.nth(1).locator(".jp-OutputArea")
+        traced.get_by_text("rank 2 arrived last at").wait_for(timeout=30_000)
+        lanes = traced.locator(".bqplot path.line").evaluate_all(
+            "paths => paths.filter(p => !p.closest('.g_legend')).map(p => p.getAttribute('d') || '')")
+        shown = [traced.inner_text(), cells.nth(2).locator(".jp-OutputArea").inner_text()]
+        run(cells.nth(3), page, wait=True)
+    bars = max(len(re.findall(r"M", d)) for d in lanes)
+    assert bars >= 4 * 30, lanes  # the Allreduce bars of four ranks, one subpath each
+    assert "straggler: the other ranks wait" in shown[0] and "per step for it" in shown[0]
+    assert "collective #" in shown[1] and "rank 1 in Allreduce(4 x float32) at cell line 3" in shown[1], shown[1]
+    assert "Error displaying widget" not in "".join(shown)
+    assert not leftover_ranks(tag)
