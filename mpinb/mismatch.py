@@ -26,13 +26,13 @@ class MismatchWatch:
         The ranks the cell runs on.
     code : str
         The cell's source, to quote its lines.
-    answer_within : float, default 1.0
+    answer_within : float, default 0.5
         Seconds to wait for every rank's answer before deciding with those that answered.
     again_after : float, default 1.0
         Seconds between roll calls while a rank still waits and nothing is decided.
     """
 
-    def __init__(self, channel, ranks, code, *, world=None, after=1.0, answer_within=1.0, again_after=1.0):
+    def __init__(self, channel, ranks, code, *, world=None, after=1.0, answer_within=0.5, again_after=1.0):
         self.channel, self.ranks, self.code, self.world, self.after = channel, list(ranks), code, world, after
         self.answer_within, self.again_after = answer_within, again_after
         self.states = {}  # rank -> its last answer
