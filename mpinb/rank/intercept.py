@@ -347,14 +347,23 @@ def _nonblocking(base, name, spec):
         start = _now()
         request = _traced_request(request_class(), base(self, *args, **kwargs))
         end = _now()
-        peer = _peer(_argument(args, kwargs, peer_at, _KEYWORDS["source" if receiving else "peer"]))
+        try:
+            info = self._mpinb
+        except AttributeError:
+            info = _info(self)
+        if kwargs:
+            peer = _argument(args, kwargs, peer_at, _KEYWORDS["source" if receiving else "peer"])
+        else:
+            peer = args[peer_at] if peer_at < len(args) else None
+        if peer is not None and peer < 0:  # ANY_SOURCE, PROC_NULL
+            peer = None
         sent = received = 0
         if _state.spans is not None:
             send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
             sent = _object_bytes(send) if objects else describe(send)[2]
             received = 0 if objects else describe(_argument(args, kwargs, recv_at, _KEYWORDS["recv"]))[2]
-            _span(name, _info(self).name, peer, sent, received, start, end, None, "p2p", "")
-        request._mpinb = (name, _info(self), peer, sent, received, None, None, "")
+            _span(name, info.name, peer, sent, received, start, end, None, "p2p", "")
+        request._mpinb = (name, info, peer, sent, received, None, None, "")
         return request
 
     return _named(method, name, base)
@@ -414,9 +423,12 @@ def _request_class(MPI):
             return issubclass(sub, Request)
 
     def waiting(name, requests, call, *args):
-        infos = [getattr(r, "_mpinb", None) for r in requests]
-        infos = [info for info in infos if info is not None]
-        collective = next((info for info in infos if info[5] is not None), None)
+        collective = None  # a nonblocking collective among the requests: the ranks wait in it
+        for request in requests:
+            info = getattr(request, "_mpinb", None)
+            if info is not None and info[5] is not None:
+                collective = info
+                break
         start = _now()
         if collective is not None:
             _state.enter(collective[1], collective[5], collective[6], start)
@@ -426,7 +438,9 @@ def _request_class(MPI):
             end = _now()
             _state.leave()
             _state.comm_ns += end - start
-            if _state.spans is not None and infos:
+            infos = [r._mpinb for r in requests if getattr(r, "_mpinb", None) is not None] \
+                if _state.spans is not None else ()
+            if infos:
                 first = infos[0]
                 peer = first[2] if len(infos) == 1 else None
                 what = ", ".join(f"{info[0]}{'→' if 'send' in info[0].lower() else '←'}"
