@@ -74,6 +74,14 @@ class Channel:
             except zmq.ZMQError:
                 pass
 
+    def settle(self, rank, number, items):
+        """Ask *rank*'s roll-call thread to do *items* (see ``rank/settle.py``); it answers ``("settled", ...)``."""
+        try:
+            self.cells.send_multipart([f"rollcall-{rank}".encode(), *wire.pack(self.key, ("settle", number, items))],
+                                      zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
     def receive(self, timeout):
         """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires).
 

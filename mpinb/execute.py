@@ -12,6 +12,7 @@ from .mismatch import MismatchWatch, after_cell, at_death
 from .output import RankPrinter, rank_ordered
 from .ranks import label_ranks
 from .perrank import PerRank
+from .recover import Recovery
 
 
 @dataclass
@@ -36,6 +37,8 @@ class CellResult:
     first_death: int = None
     grace: float = None  # seconds the stopped ranks were given to answer the interrupt
     mismatch: str = None  # the mismatched collective that made mpinb stop the cell
+    recovered: str = None  # how ranks stuck in MPI were let out (the world and its variables kept)
+    unrecoverable: str = None  # why ranks stuck in MPI could not be let out
 
     @property
     def ok(self):
@@ -57,7 +60,7 @@ class CellResult:
 
 def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, metrics=None, options=None,
              timeout=None, abort_grace=2.0, interrupt_grace=5.0, liveness_every=0.5, status=None,
-             collective_wait=1.0, trace=None):
+             collective_wait=1.0, trace=None, recover=True):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
@@ -74,7 +77,9 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
 
     When a rank has waited *collective_wait* seconds in one collective, every rank is asked where it is, and
     ranks proven to be in different collectives stop the cell (``result.mismatch``; ``None`` turns it off).
-    Spans of a traced cell go to *trace* (a :class:`~mpinb.live.LiveTrace`).
+    Spans of a traced cell go to *trace* (a :class:`~mpinb.live.LiveTrace`). With *recover*, ranks stuck in MPI
+    after the interrupt are let out where the other ranks can complete what they wait for (``recover.py``):
+    ``result.recovered`` says how, ``result.unrecoverable`` why not.
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()
@@ -93,6 +98,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     wait = liveness_every if metrics is None else min(liveness_every, metrics.refresh_interval)
     watch = MismatchWatch(channel, ranks, code, world=world, after=collective_wait) \
         if collective_wait is not None else None
+    recovery = Recovery(channel, world, ranks) if recover else None
 
     def stop(reason, stacks=None):
         """Say at once who failed and where every running rank is, then interrupt those ranks. Ranks waiting in
@@ -108,6 +114,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
         waiting = all(result.stacks[rank].in_communication(code) for rank in pending if rank in result.stacks)
         result.grace = min(COMMUNICATION_GRACE, interrupt_grace) if waiting else interrupt_grace
         give_up_at = time.monotonic() + result.grace
+        if recovery is not None:  # time to find what the stuck ranks wait in, and to let them out
+            give_up_at = max(give_up_at, time.monotonic() + recovery.settle_within + 0.5)
 
     while len(replies) < len(ranks):
         try:
@@ -120,8 +128,13 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                         printer.feed(rank, name, text)
                 elif kind == "metrics" and metrics is not None:
                     metrics.add(message[1], message[2])
-                elif kind in ("waiting", "rollcall") and watch is not None and message[2] in (cell_id, None):
-                    watch.feed(message)
+                elif kind in ("waiting", "rollcall"):
+                    if watch is not None and message[2] in (cell_id, None):
+                        watch.feed(message)
+                    if recovery is not None and kind == "rollcall":
+                        recovery.feed(message)
+                elif kind == "settled" and recovery is not None:
+                    recovery.feed(message)
                 elif kind == "trace" and trace is not None and message[2] == cell_id:
                     trace.add(*message[1:2], *message[3:])
                 elif kind == "reply" and message[2] == cell_id:
@@ -148,6 +161,13 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                     stop("timeout")
                 elif first_failure and abort_grace is not None and now >= first_failure[1] + abort_grace:
                     stop("failure")
+            if result.trouble is not None and recovery is not None and len(replies) < len(ranks) \
+                    and result.first_death is None:
+                more = recovery.tick(replies, now)
+                if more is not None:
+                    give_up_at = now + more
+                elif recovery.reason is not None:
+                    give_up_at = min(give_up_at, now)  # nothing will let them out: restart at once
             if now < check_liveness_at:
                 continue
             check_liveness_at = now + liveness_every
@@ -199,6 +219,11 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
             result.trouble = "mismatch"
             for rank in ranks:
                 result.errors[rank] = {"ename": "CollectiveMismatch", "evalue": result.mismatch, "traceback": []}
+    if recovery is not None and result.trouble is not None:
+        if recovery.plan is not None and not result.stuck:
+            result.recovered = recovery.note
+        elif result.stuck:
+            result.unrecoverable = recovery.reason or _why_stuck(recovery)
     result.finished = [rank for rank in ranks if rank not in result.errors]
     for name, values in result.gathered.items():  # rank order, whatever order the replies came in
         result.gathered[name] = PerRank(sorted(values.items()))
@@ -299,6 +324,16 @@ def _unpack_gathered(world, result, rank, reply):
             else:
                 result.gathered.setdefault(name, PerRank())[owner] = value
                 result.gather_stats.setdefault(name, {})[owner] = stats
+
+
+def _why_stuck(recovery):
+    failed = recovery.failed_steps()
+    if failed:
+        return "letting them out failed: " + "; ".join(f"rank {rank}: {', '.join(problems)}"
+                                                       for rank, problems in sorted(failed.items()))
+    if recovery.plan is not None:
+        return "they stayed in MPI after the other ranks completed what they waited for"
+    return None
 
 
 def _lost(message, frames=()):

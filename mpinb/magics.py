@@ -374,12 +374,18 @@ class MPIMagics(Magics):
     def _recover(self, result):
         """Restart the world when ranks stayed stuck after an interrupt; return what to tell the user."""
         if not result.stuck:
-            return []
+            if not result.recovered:
+                return []
+            note = (f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
+                    "rank's variables are kept (the values that call left are not meaningful)")
+            print(f"[mpinb] {note}", file=sys.stderr)
+            return [note]
         from .ranks import label_ranks
 
         size = self.world.size
-        note = (f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C), so the world was "
-                f"restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
+        why = f" ({result.unrecoverable})" if result.unrecoverable else ""
+        note = (f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}, so the world "
+                f"was restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
                 "and mpinb.metrics() are kept")
         print(f"[mpinb] {note}", file=sys.stderr)
         self.world.restart(kill=True)

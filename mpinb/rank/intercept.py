@@ -10,6 +10,8 @@ library from a raw handle, is not seen. Python-level interception was measured a
 interface: see the README's tracing section.
 """
 
+import weakref
+
 from . import tracing
 
 _state = tracing.state
@@ -96,7 +98,33 @@ def traced(comm, name=None):
 def _adopt(comm, name, members):
     comm._mpinb = _state.ledger(name, members)
     comm._mpinb_made = 0
+    _state.comms[name] = weakref.ref(comm)
     return comm
+
+
+def stuck_p2p():
+    """The blocking point-to-point call the main thread is in, described for the notebook, or ``None``:
+    ``{"comm", "op", "sends": (dest, tag, bytes) or None, "receives": (source, tag, bytes) or None}``."""
+    current = _state.p2p
+    if current is None:
+        return None
+    comm, name, direction, args, kwargs, spec, tag_at = current
+    send_at, recv_at, peer_at, source_at = spec
+    tag = _argument(args, kwargs, tag_at, ("tag", "sendtag"))
+    tag = 0 if tag is None else tag
+    sends = receives = None
+    if direction in ("send", "both"):
+        dest = _argument(args, kwargs, peer_at, _KEYWORDS["peer"])
+        data = _argument(args, kwargs, send_at, _KEYWORDS["send"])
+        sends = (dest, tag, None if name.islower() else describe(data)[2])
+    if direction in ("recv", "both"):
+        at = peer_at if direction == "recv" else source_at
+        source = _argument(args, kwargs, at, _KEYWORDS["source"])
+        receive_tag = tag if direction == "recv" else _argument(args, kwargs, 5, ("recvtag",))
+        data = _argument(args, kwargs, recv_at, _KEYWORDS["recv"]) if recv_at is not None else None
+        receives = (-1 if source is None else source, -1 if receive_tag is None else receive_tag,
+                    None if name.islower() or data is None else describe(data)[2])
+    return {"comm": _info(comm).name, "op": name, "sends": sends, "receives": receives}
 
 
 def _members(comm):
@@ -300,18 +328,29 @@ def _object_collective(base, name, spec):
     return _named(method, name, base)
 
 
+# where a blocking point-to-point call's tag is, and whether it sends, receives or both: for settling a rank
+# stuck in one (``rank/settle.py``)
+_TAGS = {"Send": ("send", 2), "Ssend": ("send", 2), "Bsend": ("send", 2), "Rsend": ("send", 2),
+         "send": ("send", 2), "ssend": ("send", 2), "Recv": ("recv", 2), "recv": ("recv", 2),
+         "Probe": ("recv", 1), "probe": ("recv", 1), "Sendrecv": ("both", 2), "sendrecv": ("both", 2),
+         "Sendrecv_replace": ("both", 2)}
+
+
 def _point_to_point(base, name, spec):
     send_at, recv_at, peer_at, source_at = spec
     objects = name.islower()
+    direction, tag_at = _TAGS[name]
 
     def method(self, *args, **kwargs):
         start = _now()
+        _state.p2p = (self, name, direction, args, kwargs, spec, tag_at)  # read only if the rank gets stuck
         value = None
         try:
             value = base(self, *args, **kwargs)
             return value
         finally:
             end = _now()
+            _state.p2p = None
             _state.comm_ns += end - start
             if _state.spans is not None:
                 _p2p_span(self, name, args, kwargs, spec, objects, value, start, end)

@@ -7,6 +7,7 @@ longer than ``after`` seconds, it sends ``("waiting", rank, cell, where)`` once;
 :meth:`mpinb.rank.tracing.State.where` plus the file the running cell was compiled as.
 """
 
+import queue
 import threading
 
 import zmq
@@ -16,7 +17,7 @@ from . import stacks, tracing
 
 
 class RollCall(threading.Thread):
-    def __init__(self, context, address, key, rank, *, every=0.1):
+    def __init__(self, context, address, key, rank, *, every=0.05):
         super().__init__(name="mpinb-rollcall", daemon=True)
         self.key, self.rank, self.every = key, rank, every
         self.after = 1.0  # each cell sends the notebook's setting
@@ -26,6 +27,7 @@ class RollCall(threading.Thread):
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(address)
         self.reported = None  # the wait last reported, so each is reported once
+        self.outcomes = queue.SimpleQueue()  # what settling threads report, sent by this thread (it owns the socket)
         self.closing = False
         self.start()
 
@@ -38,10 +40,15 @@ class RollCall(threading.Thread):
                 events = poller.poll(int(self.every * 1000))
             except zmq.ZMQError:
                 return
+            while not self.outcomes.empty():
+                self._send(self.outcomes.get())
             if events:
                 message = wire.unpack(self.key, self.socket.recv_multipart())
                 if message is not None and message[0] == "rollcall":
                     self._send(("rollcall", self.rank, self.cell, dict(self.where(), asked=message[1])))
+                elif message is not None and message[0] == "settle":
+                    # in a thread of its own: a step that blocks must not silence the roll call
+                    threading.Thread(target=self._settle, args=message[1:], name="mpinb-settle", daemon=True).start()
                 continue
             current = tracing.state.current
             if current is None or self.after is None or current is self.reported:
@@ -50,6 +57,11 @@ class RollCall(threading.Thread):
                 self.reported = current
                 self._send(("waiting", self.rank, self.cell, self.where()))
         self.socket.close()
+
+    def _settle(self, number, items):
+        from .settle import settle
+
+        self.outcomes.put(("settled", self.rank, number, settle(items)))
 
     def where(self):
         where = tracing.state.where()

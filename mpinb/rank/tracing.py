@@ -75,6 +75,8 @@ class State:
 
     def __init__(self):
         self.ledgers = {}  # communicator name -> Ledger
+        self.comms = {}  # communicator name -> weak reference to the traced communicator
+        self.p2p = None  # the blocking point-to-point call the main thread is in (see rank/intercept.py)
         self.current = None  # (ledger, seq, signature, start_ns) while the main thread waits in a collective
         self.comm_ns = 0  # time spent in communication calls so far (blocking calls and waits)
         self.spans = None  # a deque while tracing, else None
@@ -161,7 +163,13 @@ class State:
                        "waited": (now_ns() - start) / 1e9}
         ledgers = {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
                    for name, ledger in list(self.ledgers.items())}
-        return {"waiting": waiting, "ledgers": ledgers, "frames": main_frames(self.main)}
+        from .intercept import stuck_p2p
+
+        try:
+            p2p = stuck_p2p()
+        except Exception:  # noqa: BLE001 - a call mid-way (arguments changing): say nothing rather than fail
+            p2p = None
+        return {"waiting": waiting, "ledgers": ledgers, "p2p": p2p, "frames": main_frames(self.main)}
 
 
 def main_frames(ident):
