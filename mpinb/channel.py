@@ -82,6 +82,10 @@ class Channel:
         except zmq.ZMQError:
             pass
 
+    def send_stdin(self, rank, line):
+        """A line typed at *rank*'s debugger prompt (``None``: end of input)."""
+        self.cells.send_multipart([f"rollcall-{rank}".encode(), *wire.pack(self.key, ("stdin", line))])
+
     def receive(self, timeout):
         """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires).
 

@@ -135,6 +135,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                         recovery.feed(message)
                 elif kind == "settled" and recovery is not None:
                     recovery.feed(message)
+                elif kind == "input" and message[2] == cell_id:  # a debugger on a rank asks for a line
+                    _ask(channel, printer, message[1], message[3])
                 elif kind == "trace" and trace is not None and message[2] == cell_id:
                     trace.add(*message[1:2], *message[3:])
                 elif kind == "reply" and message[2] == cell_id:
@@ -324,6 +326,20 @@ def _unpack_gathered(world, result, rank, reply):
             else:
                 result.gathered.setdefault(name, PerRank())[owner] = value
                 result.gather_stats.setdefault(name, {})[owner] = stats
+
+
+def _ask(channel, printer, rank, prompt):
+    """Show a rank's debugger prompt through the kernel's stdin (as ``input()`` does) and send the answer back;
+    end of input ends its session, and the Stop button ends it before stopping the cell."""
+    printer.finish()
+    try:
+        line = input(prompt)
+    except EOFError:
+        line = None
+    except KeyboardInterrupt:
+        channel.send_stdin(rank, None)
+        raise
+    channel.send_stdin(rank, line)
 
 
 def _why_stuck(recovery):

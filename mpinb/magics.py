@@ -118,6 +118,7 @@ class MPIMagics(Magics):
             %mpi grads MODEL
             %mpi view
             %mpi trace
+            %mpi debug R
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
@@ -131,7 +132,8 @@ class MPIMagics(Magics):
         the largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
         ``view`` makes the world's ipyparallel view (``mpinb.view()``) the one ``%px`` runs on.
         ``trace`` shows the timeline and summary of the last ``%%mpi --trace`` cell again (``mpinb.trace()``
-        gives it as a DataFrame).
+        gives it as a DataFrame). ``debug R`` opens pdb in rank R's last failed cell, its prompt answered in the
+        notebook; ``breakpoint()`` in a cell opens the same prompt for the rank that reaches it.
         The world stops with the kernel.
 
         Examples
@@ -175,6 +177,8 @@ class MPIMagics(Magics):
             self.show_metrics(run=args.run)
         elif args.command == "grads":
             self.show_grads(args.model)
+        elif args.command == "debug":
+            self.debug(args.rank)
         elif args.command == "trace":
             if self.last_trace is None:
                 print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
@@ -451,6 +455,18 @@ class MPIMagics(Magics):
             print(grads_text(reports))
         return reports
 
+    def debug(self, rank):
+        """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); the other
+        ranks are left as they are."""
+        if self.world is None or not self.world.running:
+            raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        if rank not in self.world.ranks:
+            raise UsageError(f"%mpi debug takes a rank of this world (0-{self.world.size - 1}), not {rank}")
+        code = "__import__('mpinb.rank.debug', fromlist=['post_mortem']).post_mortem()"
+        result = execute.run_cell(self.world, code, ranks=[rank], printer=RankPrinter(color=_color(self.shell)),
+                                  interrupt_grace=self.interrupt_grace, collective_wait=None)
+        result.raise_for_errors()
+
     def show_metrics(self, *, run=None):
         """Charts and table (text in a terminal) of *run*, or of every run reported in this world."""
         runs = self.history.runs()
@@ -486,7 +502,7 @@ def _split(line, magic):
 def _line_parser():
     parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
     commands = parser.add_subparsers(dest="command",
-                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace}")
+                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,debug}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -515,6 +531,8 @@ def _line_parser():
     grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
     commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
     commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
+    debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here")
+    debug.add_argument("rank", type=int, help="the rank")
     return parser
 
 

@@ -164,8 +164,9 @@ def summarize(trace):
     Collectives (kinds ``collective`` and ``torch``, not calls nested in another traced call) are matched across
     ranks by ``(comm, seq)``; a nonblocking one (``Iallreduce``: ``allreduce_gradients``' buckets) arrives when it
     is posted, and the others wait for it in their ``Wait``. In each collective two or more ranks took part in,
-    the rank that started last is the last arriver; every other rank waited from its own start to that one. A rank that arrived last at more than half of them, while the others waited more than 1 ms per
-    collective for it on average, is the straggler.
+    the rank that started last is the last arriver; every other rank waited from its own start to that one. A
+    rank that arrived last at more than half of them, while the others waited more than 1 ms per collective for
+    it on average, is the straggler.
 
     A rank's communication time is the length of the union of its calls (a torch call and the MPI call inside
     it count once), its compute time the rest of its traced wall time (first span's start to last span's end).

@@ -19,7 +19,7 @@ import numpy as np
 import zmq
 
 from .. import shm, wire
-from . import gather, report, rollcall, runner, stacks, trace_torch, tracing
+from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
 
 _agent = None
 
@@ -59,6 +59,8 @@ class Agent:
         trace_torch.install_when_imported()
         self.abort_watch = AbortWatch(self.outbox)
         self.rollcall = rollcall.RollCall(context, cells, key, rank)
+        self.cell_id = None
+        debug.install(lambda prompt: self.outbox.put(("ask", self.cell_id, prompt)), rank)
         self.inbox.send_multipart(wire.pack(key, ("hello", rank, path)))
 
     def _on_message(self, frames):
@@ -68,7 +70,7 @@ class Agent:
         _, cell_id, code, number, options = message
         self.outbox.report_interval = options.get("report_interval", self.outbox.report_interval)
         self.rollcall.after = options.get("collective_wait", self.rollcall.after)
-        self.rollcall.cell = cell_id
+        self.rollcall.cell = self.cell_id = cell_id
         if options.get("trace"):
             tracing.state.start(options.get("trace_buffer", tracing.BUFFER))
             self.outbox.put(("trace", cell_id))
@@ -257,6 +259,10 @@ class Outbox(threading.Thread):
                 metrics_due = metrics_due or now + self.report_interval
             elif item != "tick" and item[0] == "trace":
                 self.tracing, trace_due = item[1], now + self.report_interval
+            elif item != "tick" and item[0] == "ask":  # a debugger's prompt: after the output before it
+                self._send_output(pending)
+                pending, due = [], None
+                self._send(("input", self.rank, item[1], item[2]))
             elif item != "tick" and item[0] == "trace-end":
                 self._send_output(pending)
                 pending, due, trace_due = [], None, None

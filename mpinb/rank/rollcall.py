@@ -46,6 +46,10 @@ class RollCall(threading.Thread):
                 message = wire.unpack(self.key, self.socket.recv_multipart())
                 if message is not None and message[0] == "rollcall":
                     self._send(("rollcall", self.rank, self.cell, dict(self.where(), asked=message[1])))
+                elif message is not None and message[0] == "stdin":
+                    from . import debug
+
+                    debug.answer(message[1])
                 elif message is not None and message[0] == "settle":
                     # in a thread of its own: a step that blocks must not silence the roll call
                     threading.Thread(target=self._settle, args=message[1:], name="mpinb-settle", daemon=True).start()

@@ -44,6 +44,9 @@ def run_cell(code, *, number=0, namespace=None):
         exec(_compile(source, filename), namespace)
         value = namespace.pop(_RESULT, None)
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported
+        from . import debug
+
+        debug.keep(exc)  # for %mpi debug
         return {"error": describe_error(exc, shell)}
     finally:
         for stream in (sys.stdout, sys.stderr):
