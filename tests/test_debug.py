@@ -1,0 +1,83 @@
+"""pdb on a rank, answered in the notebook, through a real kernel (jupyter_client answering ``input_request``s as
+a notebook front end does): post-mortem with %mpi debug R, breakpoint() on one rank or on several."""
+
+import contextlib
+import re
+
+import pytest
+
+from conftest import leftover_ranks, new_world_tag
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextlib.contextmanager
+def kernel():
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+
+
+def run(client, code, answers=()):
+    """Execute *code*, typing *answers* at each prompt (``c`` once they run out): ``(status, output, prompts)``."""
+    answers, prompts, out = answers if callable(answers) else list(answers), [], []
+
+    def typed(message):
+        prompt = message["content"]["prompt"]
+        prompts.append(prompt)
+        if callable(answers):
+            client.input(answers(prompt, prompts))
+        else:
+            client.input(answers.pop(0) if answers else "c")
+
+    reply = client.execute_interactive(code, timeout=120, output_hook=out.append, allow_stdin=True,
+                                       stdin_hook=typed)
+    text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+    text += "".join(m["content"]["data"].get("text/plain", "") for m in out if m["msg_type"] == "execute_result")
+    text += "".join("\n".join(m["content"].get("traceback", [])) for m in out if m["msg_type"] == "error")
+    return reply["content"]["status"], ANSI.sub("", text), prompts
+
+
+def test_post_mortem_on_the_failing_rank_and_breakpoints_on_one_rank_or_several():
+    tag = new_world_tag()
+    with kernel() as client:
+        assert run(client, "%load_ext mpinb\n%mpi start -n 2")[0] == "ok"
+        status, _, _ = run(client, "%%mpi\nx = rank * 100\ndef f(y):\n    z = y * 7\n    if rank == 1:\n"
+                                   "        raise ValueError('bad batch')\n    return z\nf(rank + 3)")
+        assert status == "error"
+        status, text, prompts = run(client, "%mpi debug 1", ["p z", "up", "p x", "l", "q"])
+        assert status == "ok", text
+        assert prompts == ["(rank 1) (Pdb) "] * 5
+        assert "[rank 1] ValueError: bad batch" in text
+        assert "[rank 1] 28" in text and "[rank 1] 100" in text  # z of the failing frame, then x a frame up
+        assert "f(rank + 3)" in text  # l showed the cell's source
+        status, text, prompts = run(client, "%mpi debug 0")
+        assert "rank 0 has no failed cell to debug" in text and not prompts
+
+        code = "%%mpi\nw = 5\nif rank == 1:\n    breakpoint()\n    w = 6\ncomm.Barrier()\nw"
+        status, text, prompts = run(client, code, ["p w", "n", "p w", "c"])
+        assert status == "ok", text
+        assert prompts == ["(rank 1) (Pdb) "] * 4
+        assert "[rank 1] 5" in text and "[rank 1] 6" in text
+        assert "[rank 0] 5" in text and "[rank 1] 6" in text  # rank 0 waited in the barrier, then finished
+
+        def each_rank(prompt, prompts):  # every rank is asked, one prompt at a time: print v once, then go on
+            return "p v" if prompts.count(prompt) == 1 else "c"
+
+        status, text, prompts = run(client, "%%mpi\nv = rank\nbreakpoint()\ncomm.Barrier()\nv + 1", each_rank)
+        assert status == "ok", text
+        assert sorted(prompts) == ["(rank 0) (Pdb) ", "(rank 0) (Pdb) ", "(rank 1) (Pdb) ", "(rank 1) (Pdb) "]
+        assert "[rank 0] 1" in text and "[rank 1] 2" in text
+        assert run(client, "%mpi stop")[0] == "ok"
+    assert not leftover_ranks(tag)
