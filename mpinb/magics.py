@@ -118,6 +118,7 @@ class MPIMagics(Magics):
             %mpi grads MODEL
             %mpi view
             %mpi trace
+            %mpi who
             %mpi debug R
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
@@ -132,8 +133,9 @@ class MPIMagics(Magics):
         the largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
         ``view`` makes the world's ipyparallel view (``mpinb.view()``) the one ``%px`` runs on.
         ``trace`` shows the timeline and summary of the last ``%%mpi --trace`` cell again (``mpinb.trace()``
-        gives it as a DataFrame). ``debug R`` opens pdb in rank R's last failed cell, its prompt answered in the
-        notebook; ``breakpoint()`` in a cell opens the same prompt for the rank that reaches it.
+        gives it as a DataFrame). ``who`` lists every name on the ranks, flagging those that differ. ``debug R``
+        opens pdb in rank R's last failed cell, its prompt answered in the notebook; ``breakpoint()`` in a cell
+        opens the same prompt for the rank that reaches it.
         The world stops with the kernel.
 
         Examples
@@ -177,6 +179,8 @@ class MPIMagics(Magics):
             self.show_metrics(run=args.run)
         elif args.command == "grads":
             self.show_grads(args.model)
+        elif args.command == "who":
+            self.show_who()
         elif args.command == "debug":
             self.debug(args.rank)
         elif args.command == "trace":
@@ -455,6 +459,23 @@ class MPIMagics(Magics):
             print(grads_text(reports))
         return reports
 
+    def show_who(self):
+        """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
+        if self.world is None or not self.world.running:
+            raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        from .widgets.who import who_report, who_text, who_widget
+
+        code = "__import__('mpinb.rank.who', fromlist=['who']).who()"
+        result = execute.run_cell(self.world, code, printer=RankPrinter(color=_color(self.shell)),
+                                  interrupt_grace=self.interrupt_grace, collective_wait=None)
+        result.raise_for_errors()
+        rows = who_report(dict(result.values))
+        if _in_notebook(self.shell):
+            display(who_widget(rows))
+        else:
+            print(who_text(rows))
+        return rows
+
     def debug(self, rank):
         """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); the other
         ranks are left as they are."""
@@ -502,7 +523,7 @@ def _split(line, magic):
 def _line_parser():
     parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
     commands = parser.add_subparsers(dest="command",
-                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,debug}")
+                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -531,6 +552,7 @@ def _line_parser():
     grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
     commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
     commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
+    commands.add_parser("who", help="every name on the ranks, with the names that differ between ranks flagged")
     debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here")
     debug.add_argument("rank", type=int, help="the rank")
     return parser

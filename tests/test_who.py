@@ -265,3 +265,16 @@ def test_who_on_a_real_world_flags_the_name_that_differs(world_of, mpi):
     text = who_text(list(rows.values()))
     print(text)
     assert "w: differs on ranks 1, 3" in text and "same: " not in text
+
+
+def test_mpi_who_flags_a_planted_difference(ip, magics, world_of, mpi, capsys):
+    """``%mpi who`` in a terminal: one line per name, the planted difference flagged by rank."""
+    world_of(4)
+    mpi("import numpy as np\nw = np.full(3, 1.0 if rank in (1, 3) else 0.0)\nsame = np.arange(4)")
+    capsys.readouterr()
+    ip.run_line_magic("mpi", "who")
+    text = capsys.readouterr().out
+    assert "w: differs on ranks 1, 3" in text
+    rows = magics.show_who()
+    flagged = {row["name"]: row["differs_on"] for row in rows}
+    assert flagged["w"] == [1, 3] and flagged["same"] == []
