@@ -195,3 +195,47 @@ def test_the_timeline_and_a_mismatch_render_in_jupyterlab(tmp_path, monkeypatch)
     assert "collective #" in shown[1] and "rank 1 in Allreduce(4 x float32) at cell line 3" in shown[1], shown[1]
     assert "Error displaying widget" not in "".join(shown)
     assert not leftover_ranks(tag)
+
+
+DEBUGGED = ["%load_ext mpinb\n%mpi start -n 2",
+            "%%mpi\nimport numpy as np\nw = np.full(3, float(rank))\ndef f(y):\n    z = y * 7\n    if rank == 1:\n"
+            "        raise ValueError('bad batch')\nf(rank + 3)",
+            "%mpi debug 1",
+            "%mpi who",
+            "%mpi stop"]
+
+
+def test_post_mortem_and_who_in_jupyterlab(tmp_path, monkeypatch):
+    """%mpi debug 1 after a failure on rank 1: pdb's prompt in the cell's input box, answered as a user types it;
+    then %mpi who's table flags the name that differs between ranks."""
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in DEBUGGED]
+    nbformat.write(notebook, root / "debugged.ipynb")
+    tag = new_world_tag()
+    with notebook_in_lab(root, "debugged.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 1800},
+                         screenshot="jupyterlab-debug-and-who.png") as (page, cells):
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+        run(cells.nth(0), page, wait=True)
+        run(cells.nth(1), page, wait=True)
+        run(cells.nth(2), page, wait=False)
+        debugged = cells.nth(2).locator(".jp-OutputArea")
+        for index, line in enumerate(["p z", "p w", "q"]):  # each answered prompt stays, a new one follows
+            box = debugged.locator("input.jp-Stdin-input").nth(index)
+            box.wait_for(timeout=60_000)
+            assert "(rank 1) (Pdb)" in debugged.locator(".jp-Stdin-prompt").nth(index).inner_text()
+            box.fill(line)
+            box.press("Enter")
+        prompt = cells.nth(2).locator(".jp-InputPrompt").first
+        deadline = time.monotonic() + 60
+        while not re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        run(cells.nth(3), page, wait=True)
+        cells.nth(3).locator(".jp-OutputArea table").wait_for(timeout=30_000)
+        shown = [cells.nth(index).locator(".jp-OutputArea").inner_text() for index in (2, 3)]
+        run(cells.nth(4), page, wait=True)
+    assert "[rank 1] 28" in shown[0] and "[rank 1] array([1., 1., 1.])" in shown[0], shown[0]
+    assert "differs on rank" in shown[1] and "w" in shown[1], shown[1]
+    assert not leftover_ranks(tag)
