@@ -3,6 +3,7 @@ a notebook front end does): post-mortem with %mpi debug R, breakpoint() on one r
 
 import contextlib
 import re
+import time
 
 import pytest
 
@@ -20,6 +21,7 @@ def kernel():
     manager = KernelManager(kernel_name="python3")
     manager.start_kernel()
     client = manager.client()
+    client.parent_manager = manager  # the Stop button is the manager's interrupt_kernel()
     client.start_channels()
     try:
         client.wait_for_ready(timeout=60)
@@ -79,5 +81,30 @@ def test_post_mortem_on_the_failing_rank_and_breakpoints_on_one_rank_or_several(
         assert status == "ok", text
         assert sorted(prompts) == ["(rank 0) (Pdb) ", "(rank 0) (Pdb) ", "(rank 1) (Pdb) ", "(rank 1) (Pdb) "]
         assert "[rank 0] 1" in text and "[rank 1] 2" in text
+        assert run(client, "%mpi stop")[0] == "ok"
+    assert not leftover_ranks(tag)
+
+
+def test_a_stopped_cell_keeps_every_ranks_variables_in_a_real_kernel():
+    """In a kernel, as in a notebook: a failing rank, a timeout and the Stop button (the kernel's interrupt),
+    each while other ranks wait in MPI; after each, the variables are there and a collective is right."""
+    tag = new_world_tag()
+    with kernel() as client:
+        assert run(client, "%load_ext mpinb\n%mpi start -n 3")[0] == "ok"
+        assert run(client, "%%mpi\nkept = rank * 10")[0] == "ok"
+        cells = ["%%mpi\nif rank == 1:\n    raise ValueError('bad')\ncomm.Barrier()",
+                 "%%mpi --timeout 2\nif rank == 0:\n    comm.recv(source=2)\nelse:\n    comm.Barrier()"]
+        for cell in cells:
+            status, text, _ = run(client, cell)
+            assert status == "error" and "every rank's variables are kept" in text, text
+            status, text, _ = run(client, "%%mpi\n(kept, comm.allreduce(rank))")
+            assert status == "ok" and all(f"[rank {r}] ({r * 10}, 3)" in text for r in range(3)), text
+        msg_id = client.execute("%%mpi\nimport numpy as np\ncomm.Recv(np.zeros(2), source=(rank + 1) % size)")
+        time.sleep(2)
+        client.parent_manager.interrupt_kernel()
+        reply = client.get_shell_msg(timeout=60)
+        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["status"] == "error"
+        status, text, _ = run(client, "%%mpi\n(kept, comm.allreduce(rank))")
+        assert status == "ok" and all(f"[rank {r}] ({r * 10}, 3)" in text for r in range(3)), text
         assert run(client, "%mpi stop")[0] == "ok"
     assert not leftover_ranks(tag)
