@@ -66,6 +66,7 @@ def run_case(ip, name):
     if magics.world is None or not magics.world.running or magics.world.size != size:
         ip.run_line_magic("mpi", "stop") if magics.world is not None and magics.world.running else None
         ip.run_line_magic("mpi", f"start -n {size}")
+    pids = [magics.world.identities[rank]["pid"] for rank in magics.world.ranks]
     out, err = Stamped(sys.stdout), Stamped(sys.stderr)
     sys.stdout, sys.stderr = out, err
     timer = None
@@ -80,9 +81,10 @@ def run_case(ip, name):
         sys.stdout, sys.stderr = out.inner, err.inner
     at = started + TRIGGER_AFTER[trigger]
     shown = min(t for t in (out.first, err.first, ended) if t is not None)
+    kept = magics.world.running and [magics.world.identities[rank]["pid"] for rank in magics.world.ranks] == pids
     if not magics.world.running or magics.world.dead_ranks():
         ip.run_line_magic("mpi", "restart")
-    return shown - at, ended - at
+    return shown - at, ended - at, kept
 
 
 def main():
@@ -95,17 +97,19 @@ def main():
     results = {}
     for name in args.cases:
         runs = [run_case(ip, name) for _ in range(args.runs)]
-        results[name] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))
+        results[name] = (statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs),
+                         sum(r[2] for r in runs))
         print(f"{name}: diagnosis {results[name][0]:.2f} s, cell ended {results[name][1]:.2f} s", file=sys.stderr)
     ip.run_line_magic("mpi", "stop")
     rows = [MARK, f"Time to diagnosis, median of {args.runs} (`python benchmarks/diagnosis.py --runs {args.runs}`; "
             "seconds after the timeout, the failure, the Stop button, or for a mismatch the start of the cell):", "",
-            "| case | diagnosis on screen | limit | ratio | cell ended (restart included) | limit | ratio |",
-            "|---|---|---|---|---|---|---|"]
-    for name, (shown, ended) in results.items():
+            "| case | diagnosis on screen | limit | ratio | cell ended (recovery or restart included) | limit | ratio "
+            "| world and variables kept |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, (shown, ended, kept) in results.items():
         limit = LIMITS.get(name, 1.0)
         rows.append(f"| {name} | {shown:.2f} s | {limit:g} s | {shown / limit:.2f} | {ended:.2f} s | 6 s | "
-                    f"{ended / 6:.2f} |")
+                    f"{ended / 6:.2f} | {kept} of {args.runs} runs |")
     rows.append(MARK)
     publish("\n".join(rows), args.markdown, MARK)
 
