@@ -55,16 +55,11 @@ mpis: $(MPISTAMP)
 test: $(STAMP) chromium $(MPISTAMP)
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
 
-# the commit healthy cells are timed against: the last one before a stopped cell kept its world
-HEALTHY_BASELINE := 1972c48
-
 bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/bench.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/slurm_start.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
-	rm -rf .bench-baseline && git worktree prune && git worktree add --detach .bench-baseline $(HEALTHY_BASELINE) >/dev/null
-	$(PY) benchmarks/healthy.py --baseline .bench-baseline --label "$(HEALTHY_BASELINE) (before a stopped cell kept its world)" --markdown benchmarks/RESULTS.md
-	git worktree remove --force .bench-baseline
+	$(PY) benchmarks/healthy.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/mpis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/trace.py --markdown benchmarks/RESULTS.md
 

@@ -343,7 +343,8 @@ def _point_to_point(base, name, spec):
 
     def method(self, *args, **kwargs):
         start = _now()
-        _state.p2p = (self, name, direction, args, kwargs, spec, tag_at)  # read only if the rank gets stuck
+        if _state.note_p2p:  # read only if the rank gets stuck
+            _state.p2p = (self, name, direction, args, kwargs, spec, tag_at)
         value = None
         try:
             value = base(self, *args, **kwargs)

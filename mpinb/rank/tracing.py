@@ -77,6 +77,7 @@ class State:
         self.ledgers = {}  # communicator name -> Ledger
         self.comms = {}  # communicator name -> weak reference to the traced communicator
         self.p2p = None  # the blocking point-to-point call the main thread is in (see rank/intercept.py)
+        self.note_p2p = True  # note it (False only to measure what noting costs: benchmarks/healthy.py)
         self.current = None  # (ledger, seq, signature, start_ns) while the main thread waits in a collective
         self.comm_ns = 0  # time spent in communication calls so far (blocking calls and waits)
         self.spans = None  # a deque while tracing, else None
