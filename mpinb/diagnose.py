@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from .rank.stacks import SIGNAL, aborts, native_stderr_path, stderr_path
+from .rank.stacks import SIGNAL, WRAPPERS, aborts, native_stderr_path, stderr_path
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -28,7 +28,7 @@ class RankStack:
     note: str = ""
 
     def __post_init__(self):  # mpinb's wrappers of MPI calls are not where the user's code is
-        self.frames = [frame for frame in self.frames if not frame[0].endswith(_WRAPPERS)]
+        self.frames = [frame for frame in self.frames if not frame[0].endswith(WRAPPERS)]
 
     @property
     def cell_line(self):
@@ -70,7 +70,6 @@ class RankStack:
         return "\n".join(f'  File "{file}", line {line}, in {function}' for file, line, function in frames[cell:])
 
 
-_WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py")
 _COMMUNICATION_FILES = ("/mpi4py/", "/torch/distributed/", "/mpinb/rank/data_parallel.py", "/mpinb/rank/gather.py")
 _COMMUNICATION_CALL = re.compile(
     r"\b(comm|MPI|dist|world|COMM_WORLD)\b[\w.]*\.\w+\(|\.(Barrier|barrier|I?[Aa]ll[Rr]educe|[Aa]llgather|"

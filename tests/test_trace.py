@@ -240,3 +240,13 @@ def test_tracing_works_under_plain_mpiexec(tmp_path):
         assert all(event["pid"] == rank for event in calls)
         assert [event["args"]["seq"] for event in calls if event["name"] == "Allreduce"] == [1, 2, 3, 4, 5]
         assert sum(event["ph"] == "i" for event in events) == 5  # one marker per report()
+
+
+def test_an_error_mpi_raises_in_a_noted_call_shows_no_frame_of_mpinb(healthy, mpi):
+    """Every MPI call goes through mpinb's wrapper; the traceback reads as if the cell called mpi4py itself."""
+    healthy(2)
+    error = failed(lambda: mpi("import numpy as np\ncomm.Send(np.zeros(1), dest=99)"))
+    shown = "\n".join(error._render_traceback_())
+    assert "Invalid rank" in shown and "comm.Send(np.zeros(1), dest=99)" in shown
+    assert "mpinb/rank" not in shown, shown
+    assert mpi("comm.allreduce(1)") == {0: 2, 1: 2}

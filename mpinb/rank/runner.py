@@ -87,7 +87,7 @@ def describe_error(exc, shell=None):
     Never raises: an exception whose ``__str__`` (or whose traceback's rendering) fails is still described,
     with what could not be rendered said in its place.
     """
-    tb = exc.__traceback__
+    tb = _without_wrappers(exc.__traceback__)
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     if isinstance(exc, SyntaxError):
@@ -103,6 +103,21 @@ def describe_error(exc, shell=None):
     except Exception:  # noqa: BLE001 - the rendering itself failed: fall back to the frames alone
         lines = ["Traceback (most recent call last):\n", *traceback.format_tb(tb), f"{ename}: {evalue}\n"]
     return {"ename": ename, "evalue": evalue, "traceback": lines}
+
+
+def _without_wrappers(tb):
+    """*tb* without the frames of mpinb's wrappers around MPI calls (an error MPI raises in a traced call reads
+    as if the cell had called mpi4py itself; ``%mpi debug`` does not stop in them either)."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.endswith(stacks.WRAPPERS):
+            kept.append(tb)
+        tb = tb.tb_next
+    for outer, inner in zip(kept, kept[1:]):
+        outer.tb_next = inner
+    if kept:
+        kept[-1].tb_next = None
+    return kept[0] if kept else None
 
 
 def _text(exc):

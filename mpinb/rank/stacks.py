@@ -17,6 +17,9 @@ import tempfile
 import threading
 
 SIGNAL = signal.SIGUSR2
+# mpinb's wrappers around MPI calls (rank/intercept.py, rank/trace_torch.py): not where the user's code is, so
+# left out of the stacks and tracebacks users see
+WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py")
 
 _file = None
 _stderr = None
