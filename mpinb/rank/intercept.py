@@ -462,7 +462,7 @@ def _request_class(MPI):
         def __subclasscheck__(cls, sub):
             return issubclass(sub, Request)
 
-    def waiting(name, requests, call, *args):
+    def waiting(name, requests, call, *args, **kwargs):
         collective = None  # a nonblocking collective among the requests: the ranks wait in it
         for request in requests:
             info = getattr(request, "_mpinb", None)
@@ -473,7 +473,7 @@ def _request_class(MPI):
         if collective is not None:
             _state.enter(collective[1], collective[5], collective[6], start)
         try:
-            return call(*args)
+            return call(*args, **kwargs)
         finally:
             end = _now()
             _state.leave()
@@ -489,35 +489,20 @@ def _request_class(MPI):
                 _span(name, first[1].name, peer, 0, 0, start, end, collective[5] if collective else None, "wait",
                       what)
 
-    class TracedRequest(Request, metaclass=_Any):
-        """mpi4py's Request; waiting on it is noted (mpinb)."""
+    def on_one(name):
+        def wait(self, *args, **kwargs):
+            return waiting(name, (self,), getattr(Request, name), self, *args, **kwargs)
+        return _named(wait, name, getattr(Request, name))
 
-        def Wait(self, status=None):
-            return waiting("Wait", (self,), Request.Wait, self, status)
+    def on_many(name):
+        def wait(cls, requests, *args, **kwargs):
+            return waiting(name, requests, getattr(Request, name), requests, *args, **kwargs)
+        return classmethod(_named(wait, name, getattr(Request, name)))
 
-        def wait(self, status=None):
-            return waiting("wait", (self,), Request.wait, self, status)
-
-        @classmethod
-        def Waitall(cls, requests, statuses=None):
-            return waiting("Waitall", requests, Request.Waitall, requests, statuses)
-
-        @classmethod
-        def waitall(cls, requests, statuses=None):
-            return waiting("waitall", requests, Request.waitall, requests, statuses)
-
-        @classmethod
-        def Waitany(cls, requests, status=None):
-            return waiting("Waitany", requests, Request.Waitany, requests, status)
-
-        @classmethod
-        def waitany(cls, requests, status=None):
-            return waiting("waitany", requests, Request.waitany, requests, status)
-
-        @classmethod
-        def Waitsome(cls, requests, statuses=None):
-            return waiting("Waitsome", requests, Request.Waitsome, requests, statuses)
-
+    namespace = {"__doc__": "mpi4py's Request; waiting on it is noted (mpinb).", "__module__": __name__}
+    namespace.update({name: on_one(name) for name in ("Wait", "wait")})
+    namespace.update({name: on_many(name) for name in ("Waitall", "waitall", "Waitany", "waitany", "Waitsome")})
+    TracedRequest = _Any("TracedRequest", (Request,), namespace)
     TracedRequest.__name__ = TracedRequest.__qualname__ = "Request"
     return TracedRequest
 
