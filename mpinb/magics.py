@@ -422,9 +422,7 @@ class MPIMagics(Magics):
 
     def world_view(self):
         """ipyparallel's DirectView of the running world, one target per rank in rank order."""
-        if self.world is None or not self.world.running:
-            raise UsageError("no MPI world is running: %mpi start -n N starts one")
-        return self.world.view
+        return self._running_world().view
 
     def show_status(self):
         if self.world is None or not self.world.running:
@@ -441,13 +439,10 @@ class MPIMagics(Magics):
         """Layer × rank gradient view of the module called *model* on every rank (statistics only travel)."""
         if not _DOTTED.match(model):
             raise UsageError(f"%mpi grads takes the model's name on the ranks (model, trainer.model), not {model!r}")
-        if self.world is None or not self.world.running:
-            raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        self._running_world()
         from .widgets.grads import grad_report, grads_text, grads_widget
 
-        code = f"__import__('mpinb.rank.inspect', fromlist=['grad_stats']).grad_stats({model!r})"
-        result = execute.run_cell(self.world, code, printer=RankPrinter(color=_color(self.shell)),
-                                  interrupt_grace=self.interrupt_grace)
+        result = self._on_ranks(f"__import__('mpinb.rank.inspect', fromlist=['grad_stats']).grad_stats({model!r})")
         problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "NotComparable"}
         if problems:  # grad_stats named the ranks and the cause, the same on every rank
             raise UsageError(f"%mpi grads {model}: {problems.pop()}")
@@ -459,15 +454,23 @@ class MPIMagics(Magics):
             print(grads_text(reports))
         return reports
 
-    def show_who(self):
-        """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
+    def _running_world(self):
+        """The running world, or a ``UsageError`` saying how to start one."""
         if self.world is None or not self.world.running:
             raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        return self.world
+
+    def _on_ranks(self, code, ranks=None):
+        """Run mpinb's own *code* (``%mpi grads``, ``who``, ``debug``) on *ranks*: no mismatch roll call."""
+        return execute.run_cell(self.world, code, ranks=ranks, printer=RankPrinter(color=_color(self.shell)),
+                                interrupt_grace=self.interrupt_grace, collective_wait=None)
+
+    def show_who(self):
+        """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
+        self._running_world()
         from .widgets.who import who_report, who_text, who_widget
 
-        code = "__import__('mpinb.rank.who', fromlist=['who']).who()"
-        result = execute.run_cell(self.world, code, printer=RankPrinter(color=_color(self.shell)),
-                                  interrupt_grace=self.interrupt_grace, collective_wait=None)
+        result = self._on_ranks("__import__('mpinb.rank.who', fromlist=['who']).who()")
         result.raise_for_errors()
         rows = who_report(dict(result.values))
         if _in_notebook(self.shell):
@@ -479,13 +482,10 @@ class MPIMagics(Magics):
     def debug(self, rank):
         """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); the other
         ranks are left as they are."""
-        if self.world is None or not self.world.running:
-            raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        self._running_world()
         if rank not in self.world.ranks:
             raise UsageError(f"%mpi debug takes a rank of this world (0-{self.world.size - 1}), not {rank}")
-        code = "__import__('mpinb.rank.debug', fromlist=['post_mortem']).post_mortem()"
-        result = execute.run_cell(self.world, code, ranks=[rank], printer=RankPrinter(color=_color(self.shell)),
-                                  interrupt_grace=self.interrupt_grace, collective_wait=None)
+        result = self._on_ranks("__import__('mpinb.rank.debug', fromlist=['post_mortem']).post_mortem()", [rank])
         result.raise_for_errors()
 
     def show_metrics(self, *, run=None):

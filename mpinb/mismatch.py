@@ -83,7 +83,7 @@ class MismatchWatch:
             return False
         limit = time.perf_counter_ns() - self.after * 1e9
         for rank in self.ranks:
-            mirror = None if rank in replies else _mirror(self.world, rank)
+            mirror = None if rank in replies else mirror_of(self.world, rank)
             if mirror is not None and not mirror["raised"] and mirror["start_ns"] <= limit:
                 return True
         return False
@@ -94,14 +94,9 @@ class MismatchWatch:
             return
         stacks = capture_stacks(self.world, silent, wait=0.5)
         for rank in silent:
-            mirror = _mirror(self.world, rank)
-            waiting = None
-            if mirror is not None and not mirror["raised"]:
-                members = next((state["ledgers"][mirror["comm"]]["members"] for state in self.states.values()
-                                if mirror["comm"] in state.get("ledgers", {})), tuple(self.ranks))
-                waiting = dict(mirror, members=members)
             stack = stacks.get(rank)
-            self.states[rank] = {"waiting": waiting, "ledgers": {}, "asked": self.calls, "mirrored": True,
+            self.states[rank] = {"waiting": waiting_from_mirror(self.world, rank, self.states, self.ranks),
+                                 "ledgers": {}, "asked": self.calls, "mirrored": True,
                                  "frames": stack.frames if stack else [], "cell_file": stack.cell_file if stack else ""}
 
     def _call(self, now):
@@ -169,7 +164,7 @@ def at_death(world, ranks):
     """The mismatch the mirror files of *ranks* (dead, or ended with the job) show: MPI itself ends the job over
     some mismatches (a count or type that does not fit), and each rank's last words say which collective it was
     in. One line, or ``None``."""
-    waits = {rank: _mirror(world, rank) for rank in ranks}
+    waits = {rank: mirror_of(world, rank) for rank in ranks}
     waits = {rank: mirror for rank, mirror in waits.items() if mirror is not None}
     for comm in sorted({mirror["comm"] for mirror in waits.values()}):
         inside = {rank: mirror for rank, mirror in waits.items() if mirror["comm"] == comm}
@@ -181,7 +176,26 @@ def at_death(world, ranks):
     return None
 
 
-def _mirror(world, rank):
+def members(states, comm, ranks):
+    """The world ranks in *comm*, as a rank's ledger in *states* (roll-call answers) gives them, else *ranks*."""
+    for state in states.values():
+        ledger = state.get("ledgers", {}).get(comm)
+        if ledger is not None:
+            return tuple(ledger["members"])
+    return tuple(ranks)
+
+
+def waiting_from_mirror(world, rank, states, ranks):
+    """The collective *rank* waits in, read from its mirror file, as its roll-call answer would give it: for a
+    rank that cannot answer (a pickle-based collective holds the GIL). ``None`` when it is not in one."""
+    mirror = mirror_of(world, rank) if world is not None else None
+    if mirror is None or mirror["raised"]:
+        return None
+    return dict(mirror, members=members(states, mirror["comm"], ranks))
+
+
+def mirror_of(world, rank):
+    """What *rank*'s mirror file says (``rank/tracing.py``), when the rank runs on this host."""
     path = world.stack_files.get(rank)
     if path is None or not world.on_this_host([rank]):
         return None

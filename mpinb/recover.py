@@ -11,7 +11,7 @@ that differs by rank), nothing is attempted and mpinb restarts the world as befo
 
 import time
 
-from .mismatch import _mirror
+from . import mismatch
 from .ranks import label_ranks
 
 
@@ -65,10 +65,9 @@ class Recovery:
         if silent and now < self.asked_at + 0.5:
             return None
         for rank in silent:  # holding the GIL in a pickle-based collective, or gone: its mirror file says
-            mirror = _mirror(self.world, rank) if self.world is not None else None
-            if mirror is not None and not mirror["raised"]:
-                self.states[rank] = {"waiting": dict(mirror, members=self._members(mirror["comm"])), "ledgers": {},
-                                     "p2p": None}
+            waiting = mismatch.waiting_from_mirror(self.world, rank, self.states, self.ranks)
+            if waiting is not None:
+                self.states[rank] = {"waiting": waiting, "ledgers": {}, "p2p": None}
         in_python = [rank for rank in pending if rank in self.states and not self.states[rank].get("waiting")
                      and not self.states[rank].get("p2p")]
         if in_python and now < self.began + self.settle_within:
@@ -87,13 +86,6 @@ class Recovery:
         """``{rank: [what went wrong, ...]}`` of the steps that did not work."""
         return {rank: [outcome for outcome in outcomes if outcome] for rank, outcomes in self.outcomes.items()
                 if any(outcomes)}
-
-    def _members(self, comm):
-        for state in self.states.values():
-            ledger = state.get("ledgers", {}).get(comm)
-            if ledger is not None:
-                return tuple(ledger["members"])
-        return tuple(self.ranks)
 
 
 def plan(states, ranks, pending, replies):
@@ -126,7 +118,7 @@ def plan(states, ranks, pending, replies):
                 steps.setdefault(member, []).append(("join", comm, signature))
                 joined.add((comm, seq, member))
         elif p2p is not None:
-            members = _members(states, p2p["comm"], ranks)
+            members = mismatch.members(states, p2p["comm"], ranks)
             here = members.index(rank) if rank in members else None
             if here is None:
                 return None, f"rank {rank} waits on a communicator it is not seen in"
@@ -159,10 +151,3 @@ def describe(states, pending):
         grouped.setdefault(what, []).append(rank)
     return "; ".join(f"{label_ranks(members)} left {what}" for what, members in grouped.items())
 
-
-def _members(states, comm, ranks):
-    for state in states.values():
-        ledger = state.get("ledgers", {}).get(comm)
-        if ledger is not None:
-            return list(ledger["members"])
-    return list(ranks)
