@@ -48,19 +48,28 @@ def run(cell, page, *, wait):
     """Select *cell* and press Shift+Enter; for a code cell, with *wait*, until it has run (its prompt shows a
     number). A request sent while the kernel's connection is still settling can be dropped, so once more if not."""
     code = "jp-CodeCell" in (cell.get_attribute("class") or "")
-    prompt = cell.locator(".jp-InputPrompt").first
     for attempt in range(2):
         cell.locator(".jp-InputPrompt, .jp-Cell-inputWrapper").first.click()
         page.keyboard.press("Escape")  # command mode: Shift+Enter runs the selected cell
         page.keyboard.press("Shift+Enter")
         if not code or not wait:
             return
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
-                return
-            time.sleep(0.2)
+        if ran(cell, timeout=60, fail=False):
+            return
     raise AssertionError(f"the cell did not run: {cell.inner_text()[:200]!r}")
+
+
+def ran(cell, *, timeout=60, fail=True):
+    """Wait until *cell* has run (its prompt shows a number); with *fail*, an error if it has not by *timeout*."""
+    prompt = cell.locator(".jp-InputPrompt").first
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
+            return True
+        time.sleep(0.2)
+    if fail:
+        raise AssertionError(f"the cell did not run in {timeout} s: {cell.inner_text()[:200]!r}")
+    return False
 
 
 def lab_settings(directory):
@@ -72,6 +81,17 @@ def lab_settings(directory):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings))
     return directory
+
+
+def notebook_of(tmp_path, name, sources):
+    """A folder holding notebook *name* whose code cells are *sources*, for :func:`notebook_in_lab`."""
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                 "language": "python"}})
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    nbformat.write(notebook, root / name)
+    return root
 
 
 @contextlib.contextmanager
@@ -137,12 +157,7 @@ EDGES = ["%load_ext mpinb\n%mpi start -n 2",
 def test_faults_render_in_jupyterlab_with_who_failed_and_where(tmp_path, monkeypatch):
     """A deadlock, a failing rank and MPI_Abort, run in JupyterLab as a user would: each cell shows where every
     rank was and who failed, and none of mpinb's frames."""
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                 "language": "python"}})
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in EDGES]
-    nbformat.write(notebook, root / "edges.ipynb")
+    root = notebook_of(tmp_path, "edges.ipynb", EDGES)
     tag = new_world_tag()
     with notebook_in_lab(root, "edges.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 2000},
                          screenshot="jupyterlab-faults.png") as (page, cells):
@@ -171,12 +186,7 @@ TRACED = ["%load_ext mpinb\n%mpi start -n 4",
 def test_the_timeline_and_a_mismatch_render_in_jupyterlab(tmp_path, monkeypatch):
     """A straggler traced in JupyterLab: one timeline lane of Allreduce bars per rank, the summary naming rank 2,
     the live table flagging it; then a mismatched collective named in the cell's error."""
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                 "language": "python"}})
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in TRACED]
-    nbformat.write(notebook, root / "traced.ipynb")
+    root = notebook_of(tmp_path, "traced.ipynb", TRACED)
     tag = new_world_tag()
     with notebook_in_lab(root, "traced.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 2400},
                          screenshot="jupyterlab-timeline.png") as (page, cells):
@@ -208,12 +218,7 @@ DEBUGGED = ["%load_ext mpinb\n%mpi start -n 2",
 def test_post_mortem_and_who_in_jupyterlab(tmp_path, monkeypatch):
     """%mpi debug 1 after a failure on rank 1: pdb's prompt in the cell's input box, answered as a user types it;
     then %mpi who's table flags the name that differs between ranks."""
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                 "language": "python"}})
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in DEBUGGED]
-    nbformat.write(notebook, root / "debugged.ipynb")
+    root = notebook_of(tmp_path, "debugged.ipynb", DEBUGGED)
     tag = new_world_tag()
     with notebook_in_lab(root, "debugged.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 1800},
                          screenshot="jupyterlab-debug-and-who.png") as (page, cells):
@@ -228,10 +233,7 @@ def test_post_mortem_and_who_in_jupyterlab(tmp_path, monkeypatch):
             assert "(rank 1) (Pdb)" in debugged.locator(".jp-Stdin-prompt").nth(index).inner_text()
             box.fill(line)
             box.press("Enter")
-        prompt = cells.nth(2).locator(".jp-InputPrompt").first
-        deadline = time.monotonic() + 60
-        while not re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        ran(cells.nth(2))
         run(cells.nth(3), page, wait=True)
         cells.nth(3).locator(".jp-OutputArea table").wait_for(timeout=30_000)
         shown = [cells.nth(index).locator(".jp-OutputArea").inner_text() for index in (2, 3)]
