@@ -138,7 +138,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                 elif kind == "input" and message[2] == cell_id:  # a debugger on a rank asks for a line
                     _ask(channel, printer, message[1], message[3])
                 elif kind == "trace" and trace is not None and message[2] == cell_id:
-                    trace.add(*message[1:2], *message[3:])
+                    _, rank, _, spans, dropped, clock = message
+                    trace.add(rank, spans, dropped, clock)
                 elif kind == "reply" and message[2] == cell_id:
                     replies[message[1]] = message[3]
                     if "gathered" in message[3]:  # copy out now, while other ranks are still sending
