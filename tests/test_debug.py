@@ -58,9 +58,10 @@ def test_post_mortem_on_the_failing_rank_and_breakpoints_on_one_rank_or_several(
         status, _, _ = run(client, "%%mpi\nx = rank * 100\ndef f(y):\n    z = y * 7\n    if rank == 1:\n"
                                    "        raise ValueError('bad batch')\n    return z\nf(rank + 3)")
         assert status == "error"
-        status, text, prompts = run(client, "%mpi debug 1", ["p z", "up", "p x", "l", "q"])
+        status, text, prompts = run(client, "%mpi debug 1", ["p z", "up", "p x", "up", "l", "q"])
         assert status == "ok", text
-        assert prompts == ["(rank 1) (Pdb) "] * 5
+        assert prompts == ["(rank 1) (Pdb) "] * 6
+        assert "*** Oldest frame" in text and "mpinb" not in text  # the cell is the top: no frame of mpinb's
         assert "[rank 1] ValueError: bad batch" in text
         assert "[rank 1] 28" in text and "[rank 1] 100" in text  # z of the failing frame, then x a frame up
         assert "f(rank + 3)" in text  # l showed the cell's source

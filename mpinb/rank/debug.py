@@ -36,8 +36,11 @@ def answer(line):
 def keep(exc):
     """Keep the exception a cell ended with, for :func:`post_mortem`."""
     global _last
-    if exc.__traceback__ is not None and not isinstance(exc, KeyboardInterrupt):
-        _last = (exc, exc.__traceback__)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.endswith("mpinb/rank/runner.py"):
+        tb = tb.tb_next  # the cell runner's own frame: pdb's "up" stops at the cell
+    if tb is not None and not isinstance(exc, KeyboardInterrupt):
+        _last = (exc, tb)
 
 
 def remote_input(prompt=""):
