@@ -91,3 +91,7 @@ def unload_ipython_extension(ipython):
     magics = ipython.magics_manager.registry.get("MPIMagics")
     if magics is not None and magics.world is not None:
         magics.stop()
+    from . import views
+
+    if views.seal_all in ipython.events.callbacks["post_run_cell"]:
+        ipython.events.unregister("post_run_cell", views.seal_all)

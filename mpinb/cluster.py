@@ -106,8 +106,9 @@ class World:
         Controller ↔ engine heartbeat period; registration completes on the first beat.
     start_timeout : float, default 60
         Seconds to wait for every rank to register before giving up (and stopping what started).
-    progress : bool, default True
-        Show a progress bar while ranks come up.
+    progress : bool or callable, default True
+        Say how each start goes (controller, ranks registered, connection): on stderr with ``True``, or through
+        the :class:`mpinb.views.Progress` the callable returns for each start (the magics' shows in the notebook).
     threads : int, default 0
         Threads each rank's math libraries (OpenMP, BLAS, torch, TensorFlow) may use: 0 gives every rank an equal
         share of its host's cores (as ``torchrun`` does); a negative number leaves the libraries' defaults, which
@@ -134,6 +135,7 @@ class World:
         self.heartbeat_ms = int(heartbeat_ms)
         self.start_timeout = float(start_timeout)
         self.progress = progress
+        self._line = None  # the Progress of a start under way
         self.threads = int(threads)
         self.cluster = None
         self.client = None
@@ -209,8 +211,11 @@ class World:
             config=config,
         )
         _live_worlds.add(self)
+        self._line = self._progress_line()
         try:
+            self._say("starting the ipyparallel controller")
             self.cluster.start_controller_sync()
+            self._say(f"launching {self.size} rank{'s' if self.size != 1 else ''} with {os.path.basename(mpi.mpiexec)}")
             self.cluster.start_engines_sync(self.size)
             job_id = self._job_id()
             if self.placement.launcher == "slurm" and job_id:
@@ -222,10 +227,13 @@ class World:
             self._processes = self._launched_processes() + self._rank_processes()
             self._start_reaper()
             self._shared_files = self._mapped_shared_files()
+            self._say("connecting to the ranks", force=True)
             self._open_channel(everyone)
         except BaseException:
+            self._end_line()
             self.stop()
             raise
+        self._end_line()
         # from now on mpinb reports what happens to the ranks itself; ipyparallel would add a warning with every
         # engine's start-up log whenever mpiexec ends non-zero (a rank died, or the world was stopped)
         self.cluster.log.setLevel(logging.ERROR)
@@ -400,37 +408,47 @@ class World:
     def _wait_for_engines(self):
         """Wait for every rank to register. Time a batch job spends queued does not count against
         ``start_timeout`` (an interrupt cancels it)."""
-        from tqdm.auto import tqdm
-
         deadline = time.monotonic() + self.start_timeout
-        bar = tqdm(total=self.size, desc="starting MPI ranks", unit="rank", leave=False, mininterval=0.25,
-                   disable=not self.progress)
-        polled, queued = 0.0, False
-        try:
-            while True:
-                up = len(self.client.ids)
-                if up > bar.n:
-                    bar.update(up - bar.n)
-                if up >= self.size:
-                    return
-                self._check_launchers()
-                if self.job is not None and time.monotonic() - polled > 0.5:
-                    polled = time.monotonic()
-                    state, where = self.job.state()
-                    queued = self._check_job(state, where)
-                    reason = "" if where in ("", "(None)") else f" {where}"
-                    bar.set_description(f"Slurm job {self.job.job_id} {state.lower()}{reason}" if queued
-                                        else "starting MPI ranks")
-                if queued:
-                    deadline = time.monotonic() + self.start_timeout
-                if time.monotonic() > deadline:
-                    raise MPIError(
-                        f"only {up} of {self.size} ranks registered within {self.start_timeout:g} s; "
-                        f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{self._launcher_output()}"
-                    )
-                time.sleep(0.02)
-        finally:
-            bar.close()
+        polled, queued, shown, what = 0.0, False, -1, "ranks registered"
+        while True:
+            up = len(self.client.ids)
+            if up != shown:
+                shown = up
+                self._say(what, up, self.size, force=up >= self.size)
+            if up >= self.size:
+                return
+            self._check_launchers()
+            if self.job is not None and time.monotonic() - polled > 0.5:
+                polled = time.monotonic()
+                state, where = self.job.state()
+                queued = self._check_job(state, where)
+                reason = "" if where in ("", "(None)") else f" {where}"
+                what = f"Slurm job {self.job.job_id} {state.lower()}{reason}" if queued else "ranks registered"
+                self._say(what, up, self.size, force=True)
+            if queued:
+                deadline = time.monotonic() + self.start_timeout
+            if time.monotonic() > deadline:
+                raise MPIError(
+                    f"only {up} of {self.size} ranks registered within {self.start_timeout:g} s; "
+                    f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{self._launcher_output()}"
+                )
+            time.sleep(0.02)
+
+    def _progress_line(self):
+        if self.progress is True:
+            from .views import Progress
+
+            return Progress(notebook=False)
+        return self.progress() if callable(self.progress) else None
+
+    def _say(self, text, done=None, total=None, *, force=False):
+        if self._line is not None:
+            self._line.update(text, done, total, force=force)
+
+    def _end_line(self):
+        line, self._line = self._line, None
+        if line is not None:
+            line.close()
 
     def _check_launchers(self):
         for name, launcher in [("controller", self.cluster.controller), *self.cluster.engines.items()]:

@@ -8,8 +8,7 @@ alerts (a metric that became NaN) print as they are found and the per-rank table
 import sys
 import time
 
-from IPython.display import display
-
+from . import views
 from .widgets.summary import summary_text
 
 
@@ -72,8 +71,11 @@ class LiveMetrics:
         if self.view is None:
             from .widgets.charts import MetricsWidget
 
+            from .widgets.static import metrics_bundle
+
             self.view = MetricsWidget(self.history, max_points=self.max_points)
-            display(self.view.widget)
+            runs = self.runs
+            views.show(self.view.widget, lambda: metrics_bundle(self.history, runs), name="live charts")
         for run in self.runs:
             self.view.show(run)
         self.view.refresh(now=now, live=live)
@@ -106,9 +108,9 @@ class CellStatus:
             import ipywidgets
 
             text = "<br>".join(html.escape(line) for line in lines)
-            if self.view is None:
+            if self.view is None:  # gone when the cell ends: what it said is no longer true
                 self.view = ipywidgets.HTML(f"<pre>{text}</pre>")
-                display(self.view)
+                views.show(self.view, lambda: {"text/plain": ""}, name="cell status")
             else:
                 self.view.value = f"<pre>{text}</pre>"
         else:
@@ -173,8 +175,9 @@ def show_trace(trace, summary=None, *, view):
 
     summary = summary or summarize(trace)
     if view == "widgets":
+        from .widgets.static import timeline_bundle
         from .widgets.timeline import TimelineWidget
 
-        display(TimelineWidget(trace, summary).widget)
+        views.show(TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary), name="timeline")
     elif view == "text":
         print(summary_text(summary))

@@ -14,7 +14,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
-from . import execute
+from . import execute, views
 from .cluster import World, check_size
 from .errors import Interrupted
 from .launchers import LAUNCHERS, Placement
@@ -22,7 +22,7 @@ from .live import CellStatus, LiveMetrics, LiveTrace, show_trace
 from .output import RankPrinter
 from .ranks import parse_ranks
 from .widgets.history import History
-from .widgets.status import status_text, status_widget
+from .widgets.status import status_html, status_text
 
 
 @magics_class
@@ -90,6 +90,11 @@ class MPIMagics(Magics):
     live_view = Enum(["auto", "widgets", "text", "off"], "auto", config=True,
                      help="How mpinb.report() values show while a cell runs: auto (widgets in a notebook, text in "
                           "a terminal), widgets, text, or off (only kept for mpinb.metrics()).")
+    keep_widgets = Bool(
+        False, config=True,
+        help="Keep each view's widget live after its cell ends (zoom, pickers) instead of replacing it by its static "
+             "rendering. JupyterLab then needs Settings > Save Widget State Automatically, or a reopened notebook "
+             "shows 'Error displaying widget' where the views were; nbconvert and GitHub show the static copy.")
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
@@ -98,6 +103,12 @@ class MPIMagics(Magics):
         self.live = None  # the last cell's LiveMetrics (its view, if it drew one)
         self.history = History()
         self.last_trace = None  # the last traced cell's Trace
+        views.keep_widgets = self.keep_widgets
+        self.observe(lambda change: setattr(views, "keep_widgets", change["new"]), names="keep_widgets")
+        if shell is not None:  # each view drawn by a cell is replaced by its static rendering when the cell ends
+            shell.events.register("post_run_cell", views.seal_all)
+            if _in_notebook(shell):
+                views.warm_up()
 
     # ------------------------------------------------------------------ %mpi
 
@@ -292,6 +303,7 @@ class MPIMagics(Magics):
             heartbeat_ms=self.heartbeat_ms,
             start_timeout=self.start_timeout,
             threads=self.threads_per_rank,
+            progress=lambda: views.Progress(notebook=_in_notebook(self.shell)),
         )
         self.world = _timed_start(world.start)
         self.history = History()
@@ -416,7 +428,9 @@ class MPIMagics(Magics):
 
         reports = inspect_gathered(result.gathered, result.gather_stats)
         if _in_notebook(self.shell):
-            display(inspector_widget(reports))
+            from .widgets.static import inspector_bundle
+
+            views.show(inspector_widget(reports), lambda: inspector_bundle(reports), name="tensor inspector")
         else:
             print(inspector_text(reports))
 
@@ -431,7 +445,7 @@ class MPIMagics(Magics):
         rows = self.world.status()
         header = self.world.describe()
         if _in_notebook(self.shell):
-            display(status_widget(rows, header))
+            display({"text/html": status_html(rows, header), "text/plain": status_text(rows, header)}, raw=True)
         else:
             print(status_text(rows, header))
 
@@ -449,7 +463,9 @@ class MPIMagics(Magics):
         result.raise_for_errors()
         reports = grad_report(dict(result.values))
         if _in_notebook(self.shell):
-            display(grads_widget(reports))
+            from .widgets.static import grads_bundle
+
+            views.show(grads_widget(reports), lambda: grads_bundle(reports), name="gradient view")
         else:
             print(grads_text(reports))
         return reports
@@ -468,13 +484,13 @@ class MPIMagics(Magics):
     def show_who(self):
         """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
         self._running_world()
-        from .widgets.who import who_report, who_text, who_widget
+        from .widgets.who import who_html, who_report, who_text
 
         result = self._on_ranks("__import__('mpinb.rank.who', fromlist=['who']).who()")
         result.raise_for_errors()
         rows = who_report(dict(result.values))
         if _in_notebook(self.shell):
-            display(who_widget(rows))
+            display({"text/html": who_html(rows), "text/plain": who_text(rows)}, raw=True)
         else:
             print(who_text(rows))
         return rows

@@ -15,6 +15,23 @@ def status_text(rows, header):
     return "\n".join([header, *lines])
 
 
+def status_html(rows, header):
+    """The same table as HTML (a plain output: it needs no kernel to show), each state in its colour."""
+    head = "".join(f"<th style='text-align:left;padding:0 24px 0 0'>{name}</th>" for name in COLUMNS)
+    body = []
+    for row in rows:
+        cells = []
+        for name in COLUMNS:
+            value = html.escape(str(row[name]))
+            if name == "state":
+                value = f"<span style='color:{_STATE_COLOURS.get(str(row[name]), 'inherit')}'>{value}</span>"
+            cells.append(f"<td style='text-align:left;padding:0 24px 0 0'>{value}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    heading = "<br>".join(html.escape(line) for line in header.splitlines())
+    return (f"<div><b>{heading}</b></div><table style='font-family:monospace;font-size:12px;border-collapse:collapse'>"
+            f"<tr>{head}</tr>{''.join(body)}</table>")
+
+
 def status_widget(rows, header):
     """The same table as an ipywidgets ``GridBox`` (one cell widget per value) under an HTML header."""
     import ipywidgets as w

@@ -1,0 +1,334 @@
+"""Static renderings of every view: what a cell's output keeps once the cell ended, for a notebook reopened
+without a kernel, nbconvert's HTML, nbviewer and GitHub's preview.
+
+Each function returns a MIME bundle: ``text/html`` (tables, with the charts as embedded PNG images),
+``image/png`` (the charts alone, for renderers that show images but not HTML) and ``text/plain`` (what a
+terminal prints). Charts are drawn with matplotlib's Agg backend through its object API (no pyplot state, no
+display, nothing shared between threads), in the same colours as the live bqplot charts.
+"""
+
+import base64
+import html
+import io
+import math
+
+import numpy as np
+
+from .colors import rank_color
+
+DPI = 100
+NAN_COLOUR = "#9e9e9e"
+
+
+def bundle(text, html_parts, images=()):
+    """A MIME bundle of *text*, the HTML *html_parts* joined, and the first of *images* (base64 PNGs) as the
+    bundle's ``image/png``."""
+    data = {"text/plain": text, "text/html": "".join(html_parts)}
+    if images:
+        data["image/png"] = images[0]
+    return data
+
+
+def img(png, alt):
+    """An ``<img>`` embedding base64 *png*."""
+    return f"<img src='data:image/png;base64,{png}' alt='{html.escape(alt, quote=True)}' style='max-width:100%'>"
+
+
+def figure(width, height, *, left=60, right=20, top=28, bottom=40, between=(60, 60)):
+    """A matplotlib Figure of *width* × *height* pixels, not registered with pyplot, with margins in pixels
+    (a layout engine would find them too, at about twice the cost of drawing)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    fig.pixel_margins = dict(left=left, right=right, top=top, bottom=bottom, between=between)
+    return fig
+
+
+def grid(fig, rows, columns, count=None):
+    """The first *count* (all) axes of a *rows* × *columns* grid of *fig* inside its pixel margins, row by row
+    (the cells left over get none: an axes costs its ticks even when hidden)."""
+    m = fig.pixel_margins
+    width, height = fig.get_size_inches() * DPI
+    cell_w, cell_h = width / columns, height / rows
+    fig.subplots_adjust(left=m["left"] / width, right=1 - m["right"] / width, bottom=m["bottom"] / height,
+                        top=1 - m["top"] / height, wspace=m["between"][0] / max(1.0, cell_w - m["between"][0]),
+                        hspace=m["between"][1] / max(1.0, cell_h - m["between"][1]))
+    count = rows * columns if count is None else count
+    return [fig.add_subplot(rows, columns, i + 1) for i in range(count)]
+
+
+def png(fig):
+    """*fig* as a base64 PNG."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+# ---------------------------------------------------------------------- metrics
+
+
+def metrics_png(history, runs, **options):
+    """:func:`metrics_figure` as a base64 PNG (``None`` when nothing was reported)."""
+    fig = metrics_figure(history, runs, **options)
+    return None if fig is None else png(fig)
+
+
+def metrics_figure(history, runs, *, max_points=2000, log=None):
+    """One chart per metric of *runs* (a row of up to three per line), one curve per rank in its colour, a
+    marker where a rank's value first became NaN or infinite. *log*: ``{(run, name): bool}`` from the live
+    view; by default a metric whose positive values span more than three decades is drawn on a log scale."""
+    from .history import decimate
+
+    charts = [(run, name) for run in runs for name in history.names.get(run, [])]
+    if not charts:
+        return None
+    columns = min(3, len(charts))
+    rows = -(-len(charts) // columns)
+    fig = figure(440 * columns, 280 * rows, right=80, between=(140, 70))
+    axes = grid(fig, rows, columns, len(charts))
+    several = len(runs) > 1
+    for ax, (run, name) in zip(axes, charts):
+        values_seen, marked = [], 0
+        for rank in history.ranks(run):
+            series = history.series.get((run, rank, name))
+            if series is None or not len(series):
+                continue
+            steps, values = series.arrays()
+            bad = np.flatnonzero(~np.isfinite(values))
+            shown_steps, shown = decimate(steps, np.where(np.isfinite(values), values, np.nan), max_points)
+            ax.plot(shown_steps, shown, color=rank_color(rank), linewidth=1.3, label=f"rank {rank}")
+            values_seen.append(shown[np.isfinite(shown)])
+            if len(bad):
+                step = steps[bad[0]]
+                ax.axvline(step, color=rank_color(rank), linestyle=":", linewidth=1)
+                right = step > (steps[0] + steps[-1]) / 2  # the label on the side with room
+                ax.annotate(f"rank {rank}: {_nonfinite(values[bad[0]])} from step {step}", (step, 1.0),
+                            xycoords=("data", "axes fraction"), xytext=(-3 if right else 3, -12 - 11 * marked),
+                            textcoords="offset points", ha="right" if right else "left", fontsize=8,
+                            color=rank_color(rank))
+                marked += 1
+        finite = np.concatenate(values_seen) if values_seen else np.zeros(0)
+        wanted = (log or {}).get((run, name))
+        if wanted is None:
+            wanted = _spans_decades(finite)
+        if wanted and len(finite) and finite.min() > 0:
+            from matplotlib.ticker import NullFormatter
+
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())  # labelled decades only: minor labels cost and crowd
+        _title(ax, name + (f" · run {run}" if several else ""))
+        ax.set_xlabel("step", fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.25)
+        if ax.lines:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return fig
+
+
+def _spans_decades(values, decades=3):
+    positive = values[values > 0] if len(values) else values
+    return bool(len(positive) and len(positive) == len(values) and positive.max() / positive.min() > 10 ** decades)
+
+
+def _nonfinite(value):
+    return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+
+
+def metrics_bundle(history, runs, **options):
+    """The live charts and per-rank tables of *runs*, as they stood when the cell ended."""
+    from .summary import summary_html, summary_text
+
+    chart = metrics_png(history, runs, **options)
+    tables = [summary_html(history, run) for run in runs]
+    text = "\n".join(summary_text(history, run) for run in runs)
+    parts = ([img(chart, "metrics per rank")] if chart else []) + tables
+    return bundle(text, parts, [chart] if chart else [])
+
+
+# ---------------------------------------------------------------------- histograms and heatmaps
+
+
+def histograms_png(panels, **options):
+    """:func:`histograms_figure` as a base64 PNG (``None`` without panels)."""
+    fig = histograms_figure(panels, **options)
+    return None if fig is None else png(fig)
+
+
+def histograms_figure(panels, *, x_label, columns=3, width=300, height=190):
+    """Small multiples: *panels* is ``[(title, {rank: (counts, edges)}), ...]``; each panel one step curve per
+    rank, on its own scales."""
+    if not panels:
+        return None
+    columns = min(columns, len(panels))
+    rows = -(-len(panels) // columns)
+    fig = figure(width * columns + 70, height * rows, left=50, right=90, top=24, bottom=36, between=(50, 60))
+    axes = grid(fig, rows, columns, len(panels))
+    for ax, (title, histograms) in zip(axes, panels):
+        drawn = False
+        for rank, histogram in sorted(histograms.items()):
+            if not histogram:
+                continue
+            counts, edges = (np.asarray(part, dtype=np.float64) for part in histogram)
+            if not len(counts) or not np.isfinite(edges).all():
+                continue
+            ax.stairs(counts, edges, color=rank_color(rank), linewidth=1.2, label=f"rank {rank}")
+            drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "no finite values to draw", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=9, color=NAN_COLOUR)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            ax.locator_params(nbins=4)
+            ax.set_xlabel(x_label, fontsize=8)
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+        _title(ax, _clip(title, 48), size=9)
+        ax.tick_params(labelsize=7)
+    handles, labels = [], []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="upper right", fontsize=8, frameon=False)
+    return fig
+
+
+def heatmap_png(rows, columns, values, **options):
+    """:func:`heatmap_figure` as a base64 PNG."""
+    return png(heatmap_figure(rows, columns, values, **options))
+
+
+def heatmap_figure(rows, columns, values, *, title, label):
+    """A heatmap of *values* (rows × columns; NaN in grey) on a red-white-blue scale centred on 1, with a
+    colour bar labelled *label*."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    values = np.asarray(values, dtype=np.float64)
+    fig = figure(200 + 70 * max(2, len(columns)) + 100, 80 + 26 * max(2, len(rows)), left=200, right=100,
+                 top=28, bottom=40)
+    ax = grid(fig, 1, 1)[0]
+    finite = values[np.isfinite(values)]
+    high = max(2.0, float(finite.max()) if len(finite) else 2.0)
+    norm = TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=high)
+    from matplotlib import colormaps
+
+    cmap = colormaps["RdBu"].with_extremes(bad=NAN_COLOUR)
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
+    ax.set_xticks(range(len(columns)), columns, fontsize=8)
+    ax.set_yticks(range(len(rows)), [_clip(row, 28) for row in rows], fontsize=8)
+    _title(ax, title)
+    box = ax.get_position()
+    bar = fig.colorbar(image, cax=fig.add_axes([box.x1 + 0.02, box.y0, 0.025, box.height]))
+    bar.set_label(label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    if np.isnan(values).any():
+        bar.ax.text(0.5, -0.04, "grey:\nNaN", transform=bar.ax.transAxes, ha="center", va="top", fontsize=8,
+                    color=NAN_COLOUR)
+    return fig
+
+
+def grads_bundle(reports, *, most=6):
+    """``%mpi grads``: the heatmap of gradient norms, the table with flags, and the per-rank gradient
+    histograms of the flagged layers (else the first ones), *most* of them."""
+    from .grads import _ratio, _table_html, grads_text
+
+    ranks = sorted(reports[0].norm) if reports else []
+    with_grads = [r for r in reports if r.grad_norm]
+    images, parts = [], []
+    if with_grads:
+        ratio = [[_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]
+        heat = heatmap_png([r.layer for r in with_grads], [f"rank {rank}" for rank in ranks], ratio,
+                           title="gradient norm per layer and rank", label="÷ the layer's median rank")
+        chosen = [r for r in with_grads if r.flags] or with_grads
+        panels = [(r.layer, {rank: r.histograms.get(rank) for rank in ranks}) for r in chosen[:most]]
+        hist = histograms_png(panels, x_label="gradient")
+        images = [heat] + ([hist] if hist else [])
+        parts = [img(heat, "gradient norm heatmap")]
+        if hist:
+            more = f" (the first {most} of {len(chosen)})" if len(chosen) > most else ""
+            which = "flagged layers" if any(r.flags for r in with_grads) else "layers"
+            parts.append(f"<div style='font-size:12px'>gradient histograms per rank, {which}{more}:</div>")
+            parts.append(img(hist, "gradient histograms"))
+    parts.append(_table_html(reports))
+    return bundle(grads_text(reports), parts, images)
+
+
+def inspector_bundle(reports, *, most=6):
+    """The tensor inspector: the verdict of every gathered leaf, each leaf's per-rank table, and the per-rank
+    histograms of the leaves that have them (those that differ first), *most* of them."""
+    from .inspector import _rank_table_html, _summary_html, inspector_text
+
+    parts = [_summary_html(reports)]
+    with_histograms = [r for r in reports if any("histogram" in s for s in r.stats.values())]
+    with_histograms.sort(key=lambda r: r.identical)
+    panels = [(r.label, {rank: s.get("histogram") for rank, s in r.stats.items()}) for r in with_histograms[:most]]
+    hist = histograms_png(panels, x_label="value")
+    if hist:
+        parts.append(img(hist, "histograms per rank"))
+    for report in reports:
+        parts.append(f"<div style='margin-top:6px'><code>{html.escape(report.label)}</code>: "
+                     f"{html.escape(report.verdict)}</div>{_rank_table_html(report)}")
+    return bundle(inspector_text(reports), parts, [hist] if hist else [])
+
+
+# ---------------------------------------------------------------------- timeline
+
+
+def timeline_png(trace, *, max_segments=2000):
+    """The whole trace: one lane per rank, its calls as bars in their operation's colour (merged below a
+    pixel as the live timeline does), step ticks, and a legend of operations."""
+    from ..traces import traced_ranks
+    from .timeline import OP_PALETTE, _bucketed
+
+    calls = trace[trace["kind"] != "step"]
+    spent = (calls["end"] - calls["start"]).groupby(calls["op"]).sum()
+    ops = sorted(spent.index, key=lambda op: (-spent[op], op))
+    ranks = traced_ranks(trace)
+    end = float(trace["end"].max()) if len(trace) else 0.0
+    end = end if end > 0 else 1.0
+    fig = figure(900, max(200, 110 + 32 * len(ranks)), right=150)
+    ax = grid(fig, 1, 1)[0]
+    colours = {op: OP_PALETTE[i % len(OP_PALETTE)] for i, op in enumerate(ops)}
+    buckets = max(1, max_segments // max(1, len(ops)))
+    for (rank, op), spans in calls.groupby(["rank", "op"], sort=False):
+        starts, ends = spans["start"].to_numpy(np.float64), spans["end"].to_numpy(np.float64)
+        order = np.argsort(starts, kind="stable")
+        begin, finish = _bucketed(starts[order], ends[order], 0.0, end, buckets)
+        widths = np.maximum(finish - begin, end * 2e-4)
+        ax.broken_barh(np.column_stack([begin, widths]), (int(rank) - 0.3, 0.6), color=colours[op], linewidth=0)
+    for rank, spans in trace[trace["kind"] == "step"].groupby("rank"):
+        ax.vlines(spans["start"].to_numpy(np.float64), int(rank) - 0.45, int(rank) - 0.3, color="#444444",
+                  linewidth=0.6)
+    ax.set_xlim(0.0, end)
+    ax.set_ylim(max(ranks, default=0) + 0.7, min(ranks, default=0) - 0.7)
+    ax.set_yticks(ranks, [f"rank {rank}" for rank in ranks], fontsize=8)
+    ax.set_xlabel("seconds since the trace began", fontsize=9)
+    ax.tick_params(labelsize=8)
+    _title(ax, "MPI calls by rank")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colours[op], label=op) for op in ops[:12]]
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return png(fig)
+
+
+def timeline_bundle(trace, summary):
+    """The traced cell's timeline and its summary table."""
+    from ..traces import summary_html, summary_text
+
+    chart = timeline_png(trace)
+    return bundle(summary_text(summary), [img(chart, "timeline of MPI calls by rank"), summary_html(summary)],
+                  [chart])
+
+
+def _title(ax, text, *, size=10):
+    """*text* centred above *ax* (``set_title`` places itself by measuring the axes' tick labels on every draw,
+    which costs as much as drawing the chart)."""
+    ax.text(0.5, 1.0, text, transform=ax.transAxes, ha="center", va="bottom", fontsize=size)
+
+
+def _clip(text, width):
+    return text if len(text) <= width else text[: width - 1] + "…"
