@@ -160,21 +160,24 @@ class History:
             return {}
         return {rank: rate / median for rank, rate in rates.items() if rate < self.straggler_ratio * median}
 
-    def silent(self, run, *, now=None, after=3.0):
-        """``{rank: seconds}`` for ranks of *run* not heard from for *after* s while another rank was."""
+    def silent(self, run, *, now=None, after=3.0, finished=()):
+        """``{rank: seconds}`` for ranks of *run* not heard from for *after* s while another rank was; a rank in
+        *finished* (done with the cell) is not silent, however long ago it last reported."""
         now = time.monotonic() if now is None else now
         quiet = {rank: now - self.progress[(run, rank)].arrived for rank in self.ranks(run)}
         if not quiet or min(quiet.values()) >= after:
             return {}
-        return {rank: seconds for rank, seconds in quiet.items() if seconds >= after}
+        done = set(finished)
+        return {rank: seconds for rank, seconds in quiet.items() if seconds >= after and rank not in done}
 
-    def summary(self, run, *, now=None, live=False):
+    def summary(self, run, *, now=None, live=False, finished=()):
         """One row per rank of *run*: ``rank, step, values, rate, notes`` (notes flag what needs a look).
 
-        *live* adds the "no report for N s" note, which only means something while the cell runs.
+        *live* adds the "no report for N s" note, which only means something while the cell runs, and never for
+        the ranks in *finished*, those done with the cell.
         """
         rates, slow, waits, holder = self.rates(run), self.stragglers(run), self.waits(run), self.held_up_by(run)
-        quiet = self.silent(run, now=now) if live else {}
+        quiet = self.silent(run, now=now, finished=finished) if live else {}
         bad = {}
         for alert_run, rank, note, _ in self.alerts:
             if alert_run == run:

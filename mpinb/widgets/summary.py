@@ -6,9 +6,9 @@ from .colors import rank_color
 from .text import aligned
 
 
-def _cells(history, run, *, now=None, live=False):
+def _cells(history, run, *, now=None, live=False, finished=()):
     names = history.names.get(run, [])
-    summary = history.summary(run, now=now, live=live)
+    summary = history.summary(run, now=now, live=live, finished=finished)
     waits = any(row["wait"] for row in summary)  # only when ranks communicate (through mpi4py or torch)
     header = ["rank", "step", *names, "steps/s", *(["wait ms/step"] if waits else []), "notes"]
     rows = []
@@ -21,17 +21,18 @@ def _cells(history, run, *, now=None, live=False):
     return header, rows
 
 
-def summary_text(history, run, *, now=None, live=False):
-    """An aligned table, one line per rank, under a line naming the run."""
-    header, rows = _cells(history, run, now=now, live=live)
+def summary_text(history, run, *, now=None, live=False, finished=()):
+    """An aligned table, one line per rank, under a line naming the run (*finished*: ranks done with the cell,
+    never noted as silent)."""
+    header, rows = _cells(history, run, now=now, live=live, finished=finished)
     table = [header] + [cells for _, cells in rows]
     lines = aligned(table)
     return "\n".join([f"metrics of run {run!r}:", *lines])
 
 
-def summary_html(history, run, *, now=None, live=False):
+def summary_html(history, run, *, now=None, live=False, finished=()):
     """The same table as HTML, each rank in its chart colour and rows that need a look highlighted."""
-    header, rows = _cells(history, run, now=now, live=live)
+    header, rows = _cells(history, run, now=now, live=live, finished=finished)
     head = "".join(f"<th style='text-align:left;padding:0 12px 0 0'>{html.escape(h)}</th>" for h in header)
     body = []
     for rank, cells in rows:
