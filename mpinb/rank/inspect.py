@@ -16,9 +16,11 @@ class NotComparable(ValueError):
 def grad_stats(name, *, namespace=None, comm=None):
     """Statistics of the ``torch.nn.Module`` called *name* (``model`` or ``trainer.model``) on this rank.
 
-    Returns ``{layer: {"kind", "shape", "norm", "grad_norm", "diff", "grad_diff", "scale", "grad_scale",
-    "grad_histogram"}}`` where ``diff``/``grad_diff`` are the max absolute difference of this rank's parameter
-    (or buffer) and gradient to rank 0's, and ``scale``/``grad_scale`` rank 0's max absolute value. Raises
+    Returns ``{layer: {"kind", "shape", "norm", "grad_norm", "diff", "grad_diff", "scale", "grad_scale", "nan",
+    "grad_nan", "inf", "grad_inf", "grad_histogram"}}`` where ``diff``/``grad_diff`` are the max absolute
+    difference of this rank's parameter (or buffer) and gradient to rank 0's where both are finite (NaN where only
+    one of them is not), ``scale``/``grad_scale`` rank 0's max absolute finite value and ``nan``/``inf`` this
+    rank's counts of NaN and Inf. Raises
     :class:`NotComparable` on every rank, naming the ranks, when some rank lacks the model or holds a different one.
     """
     if comm is None:
@@ -87,15 +89,25 @@ def _numpy(tensor):
 
 
 def _compare(values, comm, prefix):
-    """Norm, rank 0's scale, and the max |this − rank 0| of *values* (rank 0's copy comes by ``Bcast``)."""
+    """Norm, NaN and Inf counts, rank 0's scale, and the max |this − rank 0| of *values* (rank 0's copy comes by
+    ``Bcast``). The difference is taken where both are finite; NaN where one holds a NaN or Inf the other lacks,
+    so identical all-NaN tensors differ by 0, and a NaN is told apart from a different value by the counts."""
     reference = np.ascontiguousarray(values) if comm.rank == 0 else np.empty_like(values)
     comm.Bcast(reference, root=0)
+    mine, theirs = values.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
+    finite, reference_finite = np.isfinite(mine), np.isfinite(theirs)
+    both = finite & reference_finite
     with np.errstate(invalid="ignore", over="ignore"):
-        difference = np.abs(values.astype(np.float64) - reference)
+        difference = np.abs(mine[both] - theirs[both])
         diff = float(difference.max()) if difference.size else 0.0
-        scale = float(np.abs(reference).max()) if reference.size else 0.0
-    return {f"{prefix}norm": float(np.linalg.norm(values.ravel().astype(np.float64))), f"{prefix}diff": diff,
-            f"{prefix}scale": scale}
+        scale = float(np.abs(theirs[reference_finite]).max()) if reference_finite.any() else 0.0
+        norm = float(np.linalg.norm(mine))
+    odd = ~both & ~((mine == theirs) | (np.isnan(mine) & np.isnan(theirs)))  # non-finite in one place only
+    if odd.any():
+        diff = float("nan")
+    nan = 0 if finite.all() else int(np.isnan(mine).sum())
+    return {f"{prefix}norm": norm, f"{prefix}diff": diff, f"{prefix}scale": scale, f"{prefix}nan": nan,
+            f"{prefix}inf": int((~finite).sum()) - nan}
 
 
 def _histogram(values):

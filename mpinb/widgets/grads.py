@@ -13,6 +13,9 @@ from ..ranks import label_ranks
 from .text import aligned
 
 RTOL = 1e-6
+NAN_COLOR = "#9e9e9e"  # heatmap cells whose gradient norm is NaN (or missing)
+HEATMAP_TITLE = "grad norm ÷ median rank"
+HEATMAP_LEGEND = "1 white, less red, more blue; NaN grey"
 
 
 @dataclass
@@ -28,11 +31,21 @@ class LayerReport:
     grad_ranks: list = field(default_factory=list)
     histograms: dict = field(default_factory=dict)  # rank -> (counts, edges) of the gradient
     flags: list = field(default_factory=list)
+    nan: dict = field(default_factory=dict)  # rank -> NaN count of the parameter (buffer); inf likewise
+    inf: dict = field(default_factory=dict)
+    grad_nan: dict = field(default_factory=dict)
+    grad_inf: dict = field(default_factory=dict)
+
+    @property
+    def nonfinite(self):
+        """Whether some rank holds a NaN or Inf in this layer's weights or gradient."""
+        return any(any(counts.values()) for counts in (self.nan, self.inf, self.grad_nan, self.grad_inf))
 
 
 def grad_report(per_rank, *, rtol=RTOL):
     """*per_rank*: rank → ``grad_stats()`` of that rank. A difference counts when it exceeds *rtol* × rank 0's
-    largest absolute value (or is NaN)."""
+    largest absolute value (or is NaN: a NaN or Inf on one of the two ranks only). Where some rank holds NaN or
+    Inf, the layer's flags say that, and only that: a NaN spread by an allreduce is not a seed problem."""
     ranks = sorted(per_rank)
     reports = []
     for layer, first in per_rank[ranks[0]].items():
@@ -40,11 +53,13 @@ def grad_report(per_rank, *, rtol=RTOL):
         for rank in ranks:
             stats = per_rank[rank][layer]
             report.norm[rank] = stats["norm"]
+            report.nan[rank], report.inf[rank] = _counts(stats, "")
             if _differs(stats["diff"], first["scale"], rtol):
                 report.param_ranks.append(rank)
             report.diff = _max(report.diff, stats["diff"])
             if "grad_norm" in stats:
                 report.grad_norm[rank] = stats["grad_norm"]
+                report.grad_nan[rank], report.grad_inf[rank] = _counts(stats, "grad_")
                 report.histograms[rank] = stats.get("grad_histogram")
                 if _differs(stats["grad_diff"], first["grad_scale"], rtol):
                     report.grad_ranks.append(rank)
@@ -62,7 +77,20 @@ def _max(a, b):
     return b if math.isnan(b) or b > a else a
 
 
+def _counts(stats, prefix):
+    """NaN and Inf counts of a rank's statistics (from the norm where an older rank sent none)."""
+    norm = stats[f"{prefix}norm"]
+    nan = stats.get(f"{prefix}nan", 1 if math.isnan(norm) else 0)
+    return nan, stats.get(f"{prefix}inf", 1 if math.isinf(norm) else 0)
+
+
 def _flags(report):
+    """NaN and Inf first and alone; else which ranks' weights (buffers) and gradients differ, and a likely cause."""
+    what = "buffer" if report.kind == "buffer" else "weights"
+    bad_weights = _nonfinite_flags(report.nan, report.inf, what)
+    bad_grads = _nonfinite_flags(report.grad_nan, report.grad_inf, "gradient")
+    if bad_weights or bad_grads:
+        return bad_weights + bad_grads
     flags = []
     if report.param_ranks:
         where = label_ranks(report.param_ranks)
@@ -74,9 +102,17 @@ def _flags(report):
     if report.grad_ranks:
         flags.append(f"gradients differ on {label_ranks(report.grad_ranks)}: "
                      + ("a rank skipped the allreduce?" if not report.param_ranks else "follows from the weights"))
-    if any(math.isnan(n) for n in report.grad_norm.values()):
-        bad = [r for r, n in report.grad_norm.items() if math.isnan(n)]
-        flags.append(f"NaN gradient on {label_ranks(bad)}")
+    return flags
+
+
+def _nonfinite_flags(nan, inf, what):
+    flags = []
+    nan_ranks = [rank for rank, count in sorted(nan.items()) if count]
+    inf_ranks = [rank for rank, count in sorted(inf.items()) if count and not nan.get(rank)]
+    if nan_ranks:
+        flags.append(f"NaN {what} on {label_ranks(nan_ranks)}")
+    if inf_ranks:
+        flags.append(f"Inf {what} on {label_ranks(inf_ranks)}")
     return flags
 
 
@@ -96,9 +132,15 @@ def grads_text(reports):
 
 
 def _verdict(reports):
-    flagged = [r.layer for r in reports if r.flags]
+    nonfinite = [r.layer for r in reports if r.nonfinite]
+    flagged = [r.layer for r in reports if r.flags and not r.nonfinite]
+    parts = []
+    if nonfinite:
+        parts.append(f"NaN or Inf in {len(nonfinite)} of {len(reports)} layers: {', '.join(nonfinite)}")
     if flagged:
-        return f"ranks disagree on {len(flagged)} of {len(reports)} layers: {', '.join(flagged)}"
+        parts.append(f"ranks disagree on {len(flagged)} of {len(reports)} layers: {', '.join(flagged)}")
+    if parts:
+        return "; ".join(parts)
     return f"all {len(reports[0].norm)} ranks agree on every layer's weights and gradients"
 
 
@@ -118,20 +160,24 @@ def grads_widget(reports):
     if ratio is not None:
         scales = {"row": bqplot.OrdinalScale(reverse=True), "column": bqplot.OrdinalScale(),
                   "color": bqplot.ColorScale(scheme="RdBu", min=0.0, mid=1.0, max=2.0)}
-        grid = bqplot.GridHeatMap(color=ratio, row=[r.layer for r in with_grads],
+        grid = bqplot.GridHeatMap(color=ratio, row=[r.layer for r in with_grads], null_color=NAN_COLOR,
                                   column=[f"rank {rank}" for rank in ranks], scales=scales)
-        heatmap = bqplot.Figure(marks=[grid], title="grad norm ÷ layer's median rank: white 1, red less, blue more",
+        legend = bqplot.ColorAxis(scale=scales["color"], side="right", num_ticks=5,
+                                  label=HEATMAP_LEGEND)
+        heatmap = bqplot.Figure(marks=[grid], title=HEATMAP_TITLE,
                                 axes=[bqplot.Axis(scale=scales["column"]),
-                                      bqplot.Axis(scale=scales["row"], side="left")],
-                                fig_margin={"top": 40, "bottom": 30, "left": 120, "right": 20},
-                                layout=w.Layout(width="480px", height=f"{max(220, 28 * len(with_grads) + 80)}px"))
+                                      bqplot.Axis(scale=scales["row"], side="left"), legend],
+                                fig_margin={"top": 40, "bottom": 30, "left": 120, "right": 90},
+                                layout=w.Layout(width="520px", height=f"{max(240, 28 * len(with_grads) + 80)}px"))
     table = w.HTML(_table_html(reports))
     chooser = w.Dropdown(options=[r.layer for r in with_grads], description="layer", layout=w.Layout(width="auto"))
     histogram = histogram_figure("gradient histogram per rank", "gradient", "480px")
+    legend = w.HTML()
 
     def show(change=None):
         report = next(r for r in with_grads if r.layer == chooser.value)
-        draw_histograms(histogram, {rank: report.histograms[rank] for rank in ranks if report.histograms.get(rank)})
+        draw_histograms(histogram, {rank: report.histograms[rank] for rank in ranks if report.histograms.get(rank)},
+                        legend=legend)
 
     chooser.observe(show, names="value")
     if with_grads:
@@ -139,13 +185,16 @@ def grads_widget(reports):
         chooser.value = flagged[0] if flagged else with_grads[0].layer
         show()
     top = [heatmap] if heatmap is not None else []
-    box = w.VBox([w.HBox(top + [w.VBox([chooser, histogram])]), table])
+    box = w.VBox([w.HBox(top + [w.VBox([chooser, legend, histogram])]), table])
     box.reports, box.chooser, box.heatmap, box.histogram, box.table = reports, chooser, heatmap, histogram, table
+    box.legend = legend
     return box
 
 
 def _table_html(reports):
+    """The verdict, one note per flag that several layers share, and the table (rows point to shared notes)."""
     ranks = sorted(reports[0].norm) if reports else []
+    shared = _shared_flags(reports)
     header = ["layer", "shape", *(f"|grad| rank {r}" for r in ranks), "grad max |Δ|", "weight max |Δ|", "flags"]
     head = "".join(f"<th align=left style='padding-right:12px;white-space:nowrap'>{_escape(h)}</th>" for h in header)
     body = []
@@ -154,17 +203,39 @@ def _table_html(reports):
         cells += [_number(report.grad_norm.get(r)) for r in ranks]
         cells += [_number(report.grad_diff) if report.grad_norm else "", _number(report.diff)]
         tds = "".join(f"<td style='padding-right:12px;white-space:nowrap'>{_escape(c)}</td>" for c in cells)
-        flags = "<br>".join(_escape(flag) for flag in report.flags)
+        flags = "<br>".join(_escape(f"[{shared[flag][0]}] {_head(flag)}" if flag in shared else flag)
+                            for flag in report.flags)
         style = " style='background:#fdecea'" if report.flags else ""
-        body.append(f"<tr{style}>{tds}<td style='color:#c62828'>{flags}</td></tr>")
+        body.append(f"<tr{style}>{tds}<td style='color:#c62828;white-space:nowrap'>{flags}</td></tr>")
     verdict = _escape(_verdict(reports) if reports else "no parameters")
-    return (f"<b>{verdict}</b><table style='font-family:monospace;font-size:12px'><tr>{head}</tr>"
+    notes = "".join(f"<div style='color:#c62828;font-size:12px'>[{number}] on {count} layers: {_escape(flag)}</div>"
+                    for flag, (number, count) in shared.items())
+    return (f"<b>{verdict}</b>{notes}<table style='font-family:monospace;font-size:12px'><tr>{head}</tr>"
             f"{''.join(body)}</table>")
 
 
+def _shared_flags(reports):
+    """``{flag: (note number, layers)}`` for the flags that more than one layer has, in order of appearance."""
+    counts = {}
+    for report in reports:
+        for flag in report.flags:
+            counts[flag] = counts.get(flag, 0) + 1
+    shared = [flag for flag, count in counts.items() if count > 1]
+    return {flag: (number, counts[flag]) for number, flag in enumerate(shared, 1)}
+
+
+def _head(flag):
+    """The part of a flag before its explanation: ``weights differ on ranks 1-3``."""
+    return flag.split(":", 1)[0]
+
+
 def _ratio(norms, rank):
-    median = statistics.median(norms.values())
+    """*rank*'s norm ÷ the median of the ranks' finite norms (NaN where either is missing or not finite)."""
+    finite = [norm for norm in norms.values() if math.isfinite(norm)]
     value = norms.get(rank, math.nan)
+    if not finite or not math.isfinite(value):
+        return math.nan
+    median = statistics.median(finite)
     return value / median if median else (1.0 if value == 0 else math.nan)
 
 
