@@ -164,10 +164,22 @@ def verdict(report):
         parts.append(f"differs on {label_ranks(report.differing)} (max |Δ| {_number(worst)})")
     if report.missing:
         parts.append(f"missing on {label_ranks(report.missing)}")
-    bad = [r for r, s in report.stats.items() if s.get("nan") or s.get("inf")]
+    all_nan = [r for r, s in sorted(report.stats.items()) if _all_nan(s)]
+    bad = [r for r, s in sorted(report.stats.items()) if (s.get("nan") or s.get("inf")) and r not in all_nan]
+    if all_nan:
+        everywhere = len(all_nan) == len(report.stats) and not report.differing and not report.missing
+        parts.append("all NaN on every rank" if everywhere else f"all NaN on {label_ranks(all_nan)}")
     if bad:
         parts.append(f"NaN/Inf on {label_ranks(bad)}")
     return "; ".join(parts) if parts else "identical on all ranks"
+
+
+def _all_nan(stats):
+    """Whether every value of a (non-empty) array is NaN."""
+    size = stats.get("size")
+    if size is None and "shape" in stats:
+        size = math.prod(stats["shape"])
+    return bool(size) and stats.get("nan") == size
 
 
 def rows(report):
@@ -178,8 +190,10 @@ def rows(report):
             out[rank] = [repr(stats["value"])] + [""] * (len(STAT_COLUMNS) - 2) + [_number(report.diff[rank])]
             continue
         cells = [str(tuple(stats["shape"])), stats["dtype"], stats["device"]]
-        cells += [_number(stats.get(key)) for key in ("norm", "min", "max", "mean")]
-        cells += [str(stats.get("nan", "")), str(stats.get("inf", "")), _number(report.diff.get(rank))]
+        nothing_finite = "nan" in stats and "norm" not in stats  # counted, but no finite value to describe
+        cells += ["nan" if nothing_finite else _number(stats.get(key)) for key in ("norm", "min", "max", "mean")]
+        nan = f"{stats['nan']} (all NaN)" if _all_nan(stats) else str(stats.get("nan", ""))
+        cells += [nan, str(stats.get("inf", "")), _number(report.diff.get(rank))]
         out[rank] = cells
     return out
 
@@ -204,18 +218,19 @@ def inspector_widget(reports):
                          layout=w.Layout(width="auto"))
     table = w.HTML()
     histogram = histogram_figure("histogram per rank", "value", "520px")
+    legend = w.HTML()
 
     def show(change=None):
         report = reports[chooser.value]
         table.value = _rank_table_html(report)
         draw_histograms(histogram, {rank: stats["histogram"] for rank, stats in report.stats.items()
-                                    if "histogram" in stats})
+                                    if "histogram" in stats}, legend=legend)
 
     chooser.observe(show, names="value")
     if reports:
         show()
-    box = w.VBox([summary, chooser, w.HBox([table, histogram])] if reports else [summary])
-    box.reports, box.chooser, box.table, box.histogram = reports, chooser, table, histogram
+    box = w.VBox([summary, chooser, w.HBox([table, w.VBox([legend, histogram])])] if reports else [summary])
+    box.reports, box.chooser, box.table, box.histogram, box.legend = reports, chooser, table, histogram, legend
     return box
 
 
@@ -226,7 +241,8 @@ def _summary_html(reports):
         first = next(iter(report.stats.values()), {})
         shape = str(tuple(first["shape"])) if "shape" in first else type(first.get("value")).__name__
         body.append(f"<tr><td><code>{_escape(report.label)}</code></td><td>{shape}</td>"
-                    f"<td>{first.get('dtype', '')}</td><td style='color:{colour}'><b>{_escape(report.verdict)}</b></td></tr>")
+                    f"<td>{first.get('dtype', '')}</td>"
+                    f"<td style='color:{colour}'><b>{_escape(report.verdict)}</b></td></tr>")
     return ("<table style='font-size:12px'><tr><th align=left>gathered</th><th align=left>shape</th>"
             f"<th align=left>dtype</th><th align=left>verdict</th></tr>{''.join(body)}</table>")
 
