@@ -206,8 +206,10 @@ def heatmap_figure(rows, columns, values, *, title, label):
     from matplotlib.colors import TwoSlopeNorm
 
     values = np.asarray(values, dtype=np.float64)
-    fig = figure(200 + 70 * max(2, len(columns)) + 100, 80 + 26 * max(2, len(rows)), left=200, right=100,
-                 top=28, bottom=40)
+    labels = [_clip(row, 32) for row in rows]
+    left = 24 + 6 * max((len(label) for label in labels), default=4)  # about 6 px a character at 8 points
+    width, height = left + max(240, 64 * len(columns)) + 150, 78 + 24 * max(2, len(rows))
+    fig = figure(width, height, left=left, right=150, top=34, bottom=40)
     ax = grid(fig, 1, 1)[0]
     finite = values[np.isfinite(values)]
     high = max(2.0, float(finite.max()) if len(finite) else 2.0)
@@ -217,15 +219,13 @@ def heatmap_figure(rows, columns, values, *, title, label):
     cmap = colormaps["RdBu"].with_extremes(bad=NAN_COLOUR)
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
     ax.set_xticks(range(len(columns)), columns, fontsize=8)
-    ax.set_yticks(range(len(rows)), [_clip(row, 28) for row in rows], fontsize=8)
-    _title(ax, title)
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    fig.text(8 / width, 1 - 8 / height, title, ha="left", va="top", fontsize=10)
     box = ax.get_position()
-    bar = fig.colorbar(image, cax=fig.add_axes([box.x1 + 0.02, box.y0, 0.025, box.height]))
-    bar.set_label(label, fontsize=8)
+    bar = fig.colorbar(image, cax=fig.add_axes([box.x1 + 14 / width, box.y0, 14 / width, box.height]))
     bar.ax.tick_params(labelsize=7)
-    if np.isnan(values).any():
-        bar.ax.text(0.5, -0.04, "grey:\nNaN", transform=bar.ax.transAxes, ha="center", va="top", fontsize=8,
-                    color=NAN_COLOUR)
+    note = label + ("\n\ngrey: NaN" if np.isnan(values).any() else "")
+    fig.text((width - 100) / width, box.y0 + box.height / 2, note, ha="left", va="center", fontsize=8, wrap=True)
     return fig
 
 
@@ -240,7 +240,7 @@ def grads_bundle(reports, *, most=6):
     if with_grads:
         ratio = [[_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]
         heat = heatmap_png([r.layer for r in with_grads], [f"rank {rank}" for rank in ranks], ratio,
-                           title="gradient norm per layer and rank", label="÷ the layer's median rank")
+                           title="gradient norm per layer and rank", label="÷ the layer's\nmedian rank")
         chosen = [r for r in with_grads if r.flags] or with_grads
         panels = [(r.layer, {rank: r.histograms.get(rank) for rank in ranks}) for r in chosen[:most]]
         hist = histograms_png(panels, x_label="gradient")
