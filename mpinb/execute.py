@@ -152,7 +152,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                             stop("failure", early)  # they wait for the failed rank: no point in waiting for them
             now = time.monotonic()
             if metrics is not None:
-                metrics.tick(now)
+                metrics.tick(now, finished=list(replies))
             if status is not None:
                 status.tick(time.perf_counter() - started, ranks, replies)
             if result.trouble is None and len(replies) < len(ranks):
@@ -252,10 +252,12 @@ def _announce(result, pending, code, timeout, first_failure, replies, printer):
         why = f"ranks are in different collectives: {result.mismatch}"
     else:
         why = "interrupted"
-    lines = [f"[mpinb] {why}; stopping {label_ranks(pending)}:"]
+    places = {}  # ranks at the same place are listed once, as identical failures are
     for rank in pending:
         stack = result.stacks.get(rank)
-        lines.append(f"[mpinb]   rank {rank}: {stack.where(code) if stack is not None else 'position unknown'}")
+        places.setdefault(stack.where(code) if stack is not None else "position unknown", []).append(rank)
+    lines = [f"[mpinb] {why}; stopping {label_ranks(pending)}:"]
+    lines += [f"[mpinb]   {label_ranks(members)}: {where}" for where, members in places.items()]
     sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()
 

@@ -51,11 +51,12 @@ class LiveMetrics:
             self.stderr.write("".join(f"[mpinb] {alert}\n" for alert in alerts))
             self.stderr.flush()
 
-    def tick(self, now=None):
-        """Redraw if something arrived and the last redraw is ``refresh_interval`` old."""
+    def tick(self, now=None, *, finished=()):
+        """Redraw if something arrived and the last redraw is ``refresh_interval`` old; *finished* ranks are
+        done with the cell (not silent)."""
         now = time.monotonic() if now is None else now
         if self.widgets and self.runs and now >= self._next_refresh:
-            self._refresh(now, live=True)
+            self._refresh(now, live=True, finished=finished)
 
     def finish(self):
         """The cell ended: draw the final state (every rank's last value), or print the table in a terminal."""
@@ -67,7 +68,7 @@ class LiveMetrics:
             self.stdout.write("".join(summary_text(self.history, run) + "\n" for run in self.runs))
             self.stdout.flush()
 
-    def _refresh(self, now, *, live):
+    def _refresh(self, now, *, live, finished=()):
         if self.view is None:
             from .widgets.charts import MetricsWidget
 
@@ -75,10 +76,12 @@ class LiveMetrics:
 
             self.view = MetricsWidget(self.history, max_points=self.max_points)
             runs = self.runs
-            views.show(self.view.widget, lambda: metrics_bundle(self.history, runs), name="live charts")
+            view = self.view
+            views.show(view.widget, lambda: metrics_bundle(self.history, runs, log={
+                key: toggle.value for key, toggle in view.log_toggles.items() if toggle.value}), name="live charts")
         for run in self.runs:
             self.view.show(run)
-        self.view.refresh(now=now, live=live)
+        self.view.refresh(now=now, live=live, finished=finished)
         self.refreshes += 1
         self._next_refresh = now + self.refresh_interval
 

@@ -77,6 +77,7 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
     """One chart per metric of *runs* (a row of up to three per line), one curve per rank in its colour, a
     marker where a rank's value first became NaN or infinite. *log*: ``{(run, name): bool}`` from the live
     view; by default a metric whose positive values span more than three decades is drawn on a log scale."""
+    from ..rank.report import DEFAULT_RUN
     from .history import decimate
 
     charts = [(run, name) for run in runs for name in history.names.get(run, [])]
@@ -86,7 +87,6 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
     rows = -(-len(charts) // columns)
     fig = figure(440 * columns, 280 * rows, right=80, between=(140, 70))
     axes = grid(fig, rows, columns, len(charts))
-    several = len(runs) > 1
     for ax, (run, name) in zip(axes, charts):
         values_seen, marked = [], 0
         for rank in history.ranks(run):
@@ -116,7 +116,7 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
 
             ax.set_yscale("log")
             ax.yaxis.set_minor_formatter(NullFormatter())  # labelled decades only: minor labels cost and crowd
-        _title(ax, name + (f" · run {run}" if several else ""))
+        _title(ax, name + ("" if run == DEFAULT_RUN else f"  (run {run})"))
         ax.set_xlabel("step", fontsize=9)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.25)
