@@ -23,6 +23,7 @@ import time
 log = logging.getLogger("mpinb")
 
 _open = []  # views shown since the last seal_all, in display order
+_to_close = []  # widgets of views sealed at the last seal_all: closed at the next one
 keep_widgets = False  # MPIMagics.keep_widgets
 
 
@@ -51,8 +52,8 @@ class View:
         if keep_widgets:
             data = {**data, **self.widget._repr_mimebundle_()}
         self.handle.update(data, raw=True)
-        if not keep_widgets:
-            close(self.widget)
+        if not keep_widgets:  # not at once: the browser may still be building the views it replaces
+            _to_close.append(self.widget)
 
 
 def show(widget, static, *, name="view"):
@@ -75,7 +76,12 @@ def warm_up():
 
 
 def seal_all(*args):
-    """Seal every view shown since the last call (IPython calls this after each cell)."""
+    """Seal every view shown since the last call (IPython calls this after each cell), and close the widgets
+    of those sealed at the call before."""
+    done = list(_to_close)
+    _to_close.clear()
+    for widget in done:
+        close(widget)
     while _open:
         _open.pop(0).seal()
 
