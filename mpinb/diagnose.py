@@ -26,6 +26,7 @@ class RankStack:
     frames: list = field(default_factory=list)  # (file, line, function), most recent first
     cell_file: str = ""
     note: str = ""
+    cells: dict = field(default_factory=dict)  # file a cell was compiled as -> its number N in the notebook's In[N]
 
     def __post_init__(self):  # mpinb's wrappers of MPI calls are not where the user's code is
         self.frames = [frame for frame in self.frames if not frame[0].endswith(WRAPPERS)]
@@ -44,7 +45,7 @@ class RankStack:
         innermost_file, innermost_line, function = self.frames[0]
         if innermost_file == self.cell_file:
             return f"{verb} {text} at cell line {line}" if text else f"at cell line {line}"
-        inside = f"{function} ({os.path.basename(innermost_file)}:{innermost_line})"
+        inside = f"{function} ({self._place(innermost_file, innermost_line)})"
         if line:
             return f"{verb} {inside}, called at cell line {line}: {text}"
         return f"{verb} {inside}"
@@ -67,7 +68,18 @@ class RankStack:
         (the engine's own frames above the cell say nothing about the cell)."""
         frames = list(reversed(self.frames))
         cell = next((i for i, (file, _, _) in enumerate(frames) if file == self.cell_file), 0)
-        return "\n".join(f'  File "{file}", line {line}, in {function}' for file, line, function in frames[cell:])
+        return "\n".join(self._frame(*frame) for frame in frames[cell:])
+
+    def _place(self, file, line):
+        """``Cell In[3], line 2`` for a cell (as IPython names it), else ``file.py:2``."""
+        if file in self.cells:
+            return f"Cell In[{self.cells[file]}], line {line}"
+        return f"{os.path.basename(file)}:{line}"
+
+    def _frame(self, file, line, function):
+        if file in self.cells:  # IPython's traceback line for a cell: the function only when there is one
+            return f"  {self._place(file, line)}" + ("" if function == "<module>" else f", in {function}")
+        return f'  File "{file}", line {line}, in {function}'
 
 
 _COMMUNICATION_FILES = ("/mpi4py/", "/torch/distributed/", "/mpinb/rank/data_parallel.py", "/mpinb/rank/gather.py")
@@ -132,6 +144,11 @@ def parse(text, start, rank):
     head = text[:start].splitlines()
     main = next((int(line.split()[1], 16) for line in reversed(head) if line.startswith("main ")), None)
     cell = next((line[5:] for line in reversed(head) if line.startswith("cell ")), "")
+    cells = {}
+    for line in head:
+        if line.startswith("named "):
+            _, number, file = line.split(" ", 2)
+            cells[file] = number
     blocks, current = {}, None
     for line in text[start:].splitlines():
         thread = _THREAD.match(line)
@@ -142,7 +159,7 @@ def parse(text, start, rank):
         if frame and current is not None:
             current.append((frame.group(1), int(frame.group(2)), frame.group(3)))
     frames = blocks.get(main) or next(iter(blocks.values()), [])
-    return RankStack(rank, frames=frames, cell_file=cell)
+    return RankStack(rank, frames=frames, cell_file=cell, cells=cells)
 
 
 

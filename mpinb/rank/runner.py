@@ -40,7 +40,7 @@ def run_cell(code, *, number=0, namespace=None):
         else:
             source, filename = code, f"<mpi cell {number}>"
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        stacks.cell_started(filename)
+        stacks.cell_started(filename, number)
         exec(_compile(source, filename), namespace)
         value = namespace.pop(_RESULT, None)
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported

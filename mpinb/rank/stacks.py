@@ -5,7 +5,9 @@ works whatever the main thread is doing: measured on this machine, a helper thre
 ``sys._current_frames()`` also runs while the rank waits in ``comm.recv`` (mpi4py releases the GIL), but not
 while a C call holds the GIL (it ran 2 times in 1.5 s there, faulthandler answered at once). Dumps are appended
 to one file per rank; the lines ``main 0x…`` and ``cell FILE`` say which thread runs cells and which file the
-running cell was compiled as, so the notebook can name the cell line. A fatal signal (a segfault in C code, an
+running cell was compiled as, so the notebook can name the cell line, and ``named N FILE`` that FILE is the cell
+the notebook ran as ``In[N]``, so its frames read ``Cell In[N], line L`` as in IPython's tracebacks (not the
+kernel's ``/tmp/ipykernel_PID/HASH.py``). A fatal signal (a segfault in C code, an
 abort) dumps the stacks to the same file before the rank dies, so the notebook can say where it crashed.
 """
 
@@ -128,12 +130,12 @@ def note_stderr(text):
     _stderr.flush()
 
 
-def cell_started(filename):
-    """Note the file the cell about to run was compiled as."""
+def cell_started(filename, number):
+    """Note the file the cell about to run (the notebook's ``In[number]``) was compiled as."""
     global current_cell_file
     current_cell_file = filename
     if _file is not None:
-        _file.write(f"cell {filename}\n")
+        _file.write(f"named {number} {filename}\ncell {filename}\n")
 
 
 def remove():

@@ -1,0 +1,56 @@
+"""The text of a failed cell, as users read it: identical positions merged, each notice once, cells named as
+IPython names them, and the rank that crashed first (real worlds; a real kernel where the kernel matters)."""
+
+import re
+
+import pytest
+
+from conftest import leftover_ranks, new_world_tag
+from test_debug import kernel, run
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
+
+def failed(fn):
+    with pytest.raises(BaseException) as raised:
+        fn()
+    return raised.value
+
+
+def shown(error, capsys):
+    """All the cell showed: what it printed, then the error as the notebook renders it."""
+    captured = capsys.readouterr()
+    return re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err + "\n".join(error._render_traceback_()))
+
+
+def test_ranks_deadlocked_at_the_same_line_are_listed_once(world_of, mpi, capsys):
+    world_of(4)
+    capsys.readouterr()
+    error = failed(lambda: mpi("x = 1\ncomm.recv(source=(rank + 1) % size)", line="--timeout 3"))
+    text = shown(error, capsys)
+    where = "blocked in comm.recv(source=(rank + 1) % size) at cell line 2"
+    assert f"[mpinb]   ranks 0-3: {where}" in text, text
+    assert "[mpinb]   rank 0:" not in text
+    assert [ranks for ranks, _ in error.groups] == [[0, 1, 2, 3]], text
+    assert f"ranks 0-3: Timeout: still running after 3 s, {where}" in str(error)
+    assert mpi("x") == {0: 1, 1: 1, 2: 1, 3: 1}
+
+
+def test_where_each_rank_was_names_cells_as_ipython_does_in_a_kernel():
+    """A cell run in a kernel is compiled as ``/tmp/ipykernel_PID/HASH.py`` on every rank; the diagnosis names it
+    ``Cell In[N], line L`` (the cell that defined a function too), and identical stacks merge across ranks."""
+    tag = new_world_tag()
+    with kernel() as client:
+        assert run(client, "%load_ext mpinb\n%mpi start -n 2")[0] == "ok"  # In[1]
+        assert run(client, "%%mpi\ndef wait():\n    return comm.recv(source=(rank + 1) % size)")[0] == "ok"  # In[2]
+        status, text, _ = run(client, "%%mpi --timeout 2\nwait()")  # In[3]
+        assert status == "error"
+        assert "ipykernel_" not in text, text
+        assert "[mpinb]   ranks 0-1: blocked in wait (Cell In[2], line 2), called at cell line 1: wait()" in text
+        assert "Where it was (most recent call last):\n  Cell In[3], line 1\n  Cell In[2], line 2, in wait" in text
+        assert "[ranks 0-1] Timeout: still running after 2 s" in text, text
+        status, text, _ = run(client, "%%mpi\nimport ctypes\nif rank == 1:\n    ctypes.string_at(0)\n"
+                                      "comm.Barrier()")  # In[4]
+        assert status == "error" and "ipykernel_" not in text, text
+        assert "Where it crashed (most recent call last):\n  Cell In[4], line 3\n" in text, text
+        assert run(client, "%mpi stop")[0] == "ok"
+    assert not leftover_ranks(tag)
