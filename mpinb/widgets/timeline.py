@@ -140,7 +140,7 @@ class TimelineWidget:
             x = np.concatenate(xs[op]) if xs[op] else np.zeros(0)
             y = np.concatenate(ys[op]) if ys[op] else np.zeros(0)
             with line.hold_sync():
-                line.x, line.y = x, y
+                line.x, line.y = _finite_end(x, y)
         if self.step_line is not None:
             self._draw_steps(low, high, (high - low) / self.max_segments)
         self.redraws += 1
@@ -154,8 +154,17 @@ class TimelineWidget:
             xs.append(np.repeat(times, 3))
             ys.append(np.tile([rank - 0.45, rank - 0.25, np.nan], len(times)))
         with self.step_line.hold_sync():
-            self.step_line.x = np.concatenate(xs) if xs else np.zeros(0)
-            self.step_line.y = np.concatenate(ys) if ys else np.zeros(0)
+            self.step_line.x, self.step_line.y = _finite_end(np.concatenate(xs) if xs else np.zeros(0),
+                                                             np.concatenate(ys) if ys else np.zeros(0))
+
+
+def _finite_end(x, y):
+    """*x*, *y* without their trailing separator: bqplot places a line's label at its last point, and a NaN there
+    is an 'undefined' transform the browser logs as an error."""
+    end = len(y)
+    while end and not np.isfinite(y[end - 1]):
+        end -= 1
+    return x[:end], y[:end]
 
 
 def _bucketed(starts, ends, low, high, buckets):
