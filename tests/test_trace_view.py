@@ -196,7 +196,7 @@ def test_timeline_decimates_drawing_not_data():
     in_view = trace[(trace["kind"] != "step") & (trace["end"] >= low) & (trace["start"] <= high)]
     counts = in_view.groupby("rank").size()
     assert all(view.drawn[rank] == counts[rank] for rank in range(4))
-    x = view.lines["Allreduce"].x.reshape(-1, 3)
+    x = np.append(view.lines["Allreduce"].x, np.nan).reshape(-1, 3)
     assert x[:, 0].min() >= low and x[:, 1].max() <= high
     assert len(view.step_line.x) > 0
 
