@@ -392,14 +392,13 @@ class MPIMagics(Magics):
         return result
 
     def _recover(self, result):
-        """Restart the world when ranks stayed stuck after an interrupt; return what to tell the user."""
+        """Restart the world when ranks stayed stuck after an interrupt; return what to tell the user (the cell's
+        error says it, once: it is not printed as well)."""
         if not result.stuck:
             if not result.recovered:
                 return []
-            note = (f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
-                    "rank's variables are kept (the values that call left are not meaningful)")
-            print(f"[mpinb] {note}", file=sys.stderr)
-            return [note]
+            return [f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
+                    "rank's variables are kept (the values that call left are not meaningful)"]
         from .ranks import label_ranks
 
         size = self.world.size
@@ -407,7 +406,6 @@ class MPIMagics(Magics):
         note = (f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}, so the world "
                 f"was restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
                 "and mpinb.metrics() are kept")
-        print(f"[mpinb] {note}", file=sys.stderr)
         self.world.restart(kill=True)
         return [note]
 

@@ -35,6 +35,20 @@ def test_ranks_deadlocked_at_the_same_line_are_listed_once(world_of, mpi, capsys
     assert mpi("x") == {0: 1, 1: 1, 2: 1, 3: 1}
 
 
+def test_a_world_restarted_or_kept_after_a_failure_says_so_once(world_of, mpi, capsys):
+    world_of(2)
+    capsys.readouterr()
+    error = failed(lambda: mpi("import numpy as np\nif rank == 0:\n    comm.Bcast(np.zeros(4), root=0)\nelse:\n"
+                               "    comm.Allreduce(np.zeros(4), np.zeros(4))", line="--timeout 30"))
+    text = shown(error, capsys)
+    assert text.count("so the world was restarted") == 1, text
+    assert "so the world was restarted" in str(error)
+    assert mpi("rank") == {0: 0, 1: 1}
+    error = failed(lambda: mpi("comm.recv(source=1 - rank)", line="--timeout 2"))  # let out: the world is kept
+    text = shown(error, capsys)
+    assert text.count("every rank's variables are kept") == 1, text
+
+
 def test_where_each_rank_was_names_cells_as_ipython_does_in_a_kernel():
     """A cell run in a kernel is compiled as ``/tmp/ipykernel_PID/HASH.py`` on every rank; the diagnosis names it
     ``Cell In[N], line L`` (the cell that defined a function too), and identical stacks merge across ranks."""
