@@ -17,13 +17,14 @@ class RankError(Exception):
     """A cell raised on one or more ranks.
 
     ``failures`` maps each failing rank to ``{"ename", "evalue", "traceback"}``; identical failures are shown
-    once with the list of ranks. ``size`` is the number of ranks the cell ran on.
+    once with the list of ranks. ``ranks`` are the ranks the cell ran on; the failure of rank *first* (the one
+    whose death ended the others) is shown first.
     """
 
     SECONDARY = ("Timeout", "Aborted", "KeyboardInterrupt", "RankLost")  # shown after the real exceptions
 
-    def __init__(self, failures, ranks, notes=(), *, what="failed"):
-        self.what = what
+    def __init__(self, failures, ranks, notes=(), *, what="failed", first=None):
+        self.what, self.first = what, first
         self.failures = dict(sorted(failures.items()))
         self.ranks = list(ranks)
         self.notes = list(notes)
@@ -36,7 +37,8 @@ class RankError(Exception):
         for rank, failure in self.failures.items():
             key = (failure["ename"], failure["evalue"], tuple(failure["traceback"]))
             merged.setdefault(key, ([], failure))[0].append(rank)
-        return sorted(merged.values(), key=lambda group: group[1]["ename"] in self.SECONDARY)
+        return sorted(merged.values(), key=lambda group: (self.first not in group[0],
+                                                          group[1]["ename"] in self.SECONDARY))
 
     def summary(self):
         failed = list(self.failures)
@@ -63,8 +65,8 @@ class Interrupted(KeyboardInterrupt):
     """The cell was stopped (the Stop button, Ctrl-C): a ``KeyboardInterrupt`` that shows, rank by rank, where
     each rank was (like :class:`RankError`) instead of the notebook's own frames."""
 
-    def __init__(self, failures, ranks, notes=()):
-        self.error = RankError(failures, ranks, notes=notes, what="interrupted")
+    def __init__(self, failures, ranks, notes=(), *, first=None):
+        self.error = RankError(failures, ranks, notes=notes, what="interrupted", first=first)
         super().__init__(self.error.summary())
 
     def _render_traceback_(self):

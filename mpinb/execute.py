@@ -50,7 +50,11 @@ class CellResult:
 
     def raise_for_errors(self, notes=()):
         if self.errors:
-            raise RankError(self.errors, self.ranks, notes=notes)
+            raise RankError(self.errors, self.ranks, notes=self.notes(notes), first=self.first_death)
+
+    def notes(self, notes=()):
+        """*notes*, then what to do when a rank died (said once, not on every rank's line)."""
+        return [*notes, RESTART] if self.first_death is not None else list(notes)
 
     def raise_for_gather_errors(self):
         if self.gather_errors:
@@ -87,8 +91,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     started = time.perf_counter()
     dead = world.dead_ranks(ranks)
     if dead:
-        raise MPIError(f"{label_ranks(dead)} of this world died earlier, so it cannot run cells: %mpi restart "
-                       "starts a fresh world of the same size")
+        raise MPIError(f"{label_ranks(dead)} of this world died earlier, so it cannot run cells: {RESTART}")
     channel = world.channel
     cell_id = channel.send_cell(ranks, code, number, options)
     replies = {}
@@ -183,8 +186,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                 if now - death_seen > 2 * liveness_every:
                     for rank in ranks:
                         replies.setdefault(rank, {"error": _lost(
-                            f"still running when rank {result.first_death} died; the world cannot be used any more"
-                            "\n%mpi restart starts a fresh world of the same size")})
+                            f"still running when rank {result.first_death} died; the world cannot be used any more")})
             if give_up_at is not None and now > give_up_at:
                 break
         except KeyboardInterrupt as exc:
@@ -213,8 +215,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
         for rank, error in result.errors.items():
             if error["ename"] == "RankLost":  # one message for every rank, since it names each rank's part
                 result.errors[rank] = _lost(f"ranks were in different collectives, and MPI ended the job over "
-                                            f"it: {result.mismatch}\n%mpi restart starts a fresh world of the "
-                                            "same size")
+                                            f"it: {result.mismatch}")
                 result.errors[rank]["ename"] = "CollectiveMismatch"
     if not result.errors and result.trouble is None and watch is not None:
         result.mismatch = after_cell(replies, ranks)
@@ -237,6 +238,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
 
 
 COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
+RESTART = "%mpi restart starts a fresh world of the same size"  # what to do once a rank died
 
 
 def _announce(result, pending, code, timeout, first_failure, replies, printer):
@@ -292,8 +294,8 @@ def _check_deaths(world, ranks, replies, result, code):
             why = (f"rank {rank} was ended by mpiexec after rank {caller[0]} {caller[1]}" if caller else
                    f"rank {rank} died with the whole job at once, leaving no exit status (MPI_Abort on some rank, "
                    "or mpiexec was killed)")
-            replies[rank] = {"error": _lost(why + "\n%mpi restart starts a fresh world of the same size")}
-        result.first_death = min(dead)
+            replies[rank] = {"error": _lost(why)}
+        result.first_death = caller[0] if caller and caller[0] in dead else min(dead)
         return
     for death in sorted(deaths.values(), key=lambda d: (d.when is None, d.when or 0.0)):
         rank, frames = death.rank, []
@@ -315,7 +317,7 @@ def _check_deaths(world, ranks, replies, result, code):
             message = f"rank {rank} was ended by mpiexec after rank {result.first_death} {cause}"
         else:
             message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"
-        replies[rank] = {"error": _lost(message + "\n%mpi restart starts a fresh world of the same size", frames)}
+        replies[rank] = {"error": _lost(message, frames)}
 
 
 def _unpack_gathered(world, result, rank, reply):

@@ -377,7 +377,8 @@ class MPIMagics(Magics):
             if tracer is not None:
                 self.last_trace = tracer.finish(stopped.ranks)
             notes = self._recover(stopped)
-            raise Interrupted(stopped.errors, stopped.ranks, notes=notes) from None
+            raise Interrupted(stopped.errors, stopped.ranks, notes=stopped.notes(notes), first=stopped.first_death) \
+                from None
         if not stream:
             print(result.rank_ordered())
         if tracer is not None:

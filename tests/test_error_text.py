@@ -10,6 +10,9 @@ from test_debug import kernel, run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
 
+RESTART_ADVICE = "%mpi restart starts a fresh world of the same size"
+
+
 def failed(fn):
     with pytest.raises(BaseException) as raised:
         fn()
@@ -47,6 +50,23 @@ def test_a_world_restarted_or_kept_after_a_failure_says_so_once(world_of, mpi, c
     error = failed(lambda: mpi("comm.recv(source=1 - rank)", line="--timeout 2"))  # let out: the world is kept
     text = shown(error, capsys)
     assert text.count("every rank's variables are kept") == 1, text
+
+
+@pytest.mark.parametrize("crash, how", [("import os\n    os._exit(3)", "rank 1 died: exit code 3"),
+                                        ("comm.Abort(3)", "rank 1 called MPI_Abort(MPI_COMM_WORLD, 3)")])
+def test_the_rank_that_crashed_comes_first_and_the_advice_once(crash, how, ip, world_of, mpi, capsys):
+    world = world_of(2)
+    if world.dead_ranks(world.ranks):  # an earlier case that failed left its world dead
+        ip.run_line_magic("mpi", "restart")
+    capsys.readouterr()
+    error = failed(lambda: mpi(f"if rank == 1:\n    {crash}\ncomm.Barrier()"))
+    text = shown(error, capsys)
+    assert error.groups[0][0] == [1], text
+    assert str(error).splitlines()[1].startswith(f"rank 1: RankLost: {how}"), text
+    assert text.count(RESTART_ADVICE) == 1, text
+    assert str(error).splitlines()[-1] == RESTART_ADVICE
+    ip.run_line_magic("mpi", "restart")
+    assert mpi("rank") == {0: 0, 1: 1}
 
 
 def test_where_each_rank_was_names_cells_as_ipython_does_in_a_kernel():

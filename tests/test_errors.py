@@ -24,3 +24,11 @@ def test_groups_keep_rank_order():
     error = RankError({3: failure("KeyError", "'k'"), 0: failure("KeyError", "'k'"), 1: failure("OSError", "x")},
                       range(4))
     assert [ranks for ranks, _ in error.groups] == [[0, 3], [1]]
+
+
+def test_the_rank_whose_death_ended_the_others_comes_first():
+    lost = {0: failure("RankLost", "rank 0 was ended by mpiexec after rank 1 died"),
+            1: failure("RankLost", "rank 1 died: exit code 3")}
+    error = RankError(lost, range(2), notes=["%mpi restart starts a fresh world of the same size"], first=1)
+    assert [ranks for ranks, _ in error.groups] == [[1], [0]]
+    assert str(error).splitlines()[1] == "rank 1: RankLost: rank 1 died: exit code 3"
