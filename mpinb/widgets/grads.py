@@ -206,7 +206,7 @@ def _table_html(reports):
         flags = "<br>".join(_escape(f"[{shared[flag][0]}] {_head(flag)}" if flag in shared else flag)
                             for flag in report.flags)
         style = " style='background:#fdecea'" if report.flags else ""
-        body.append(f"<tr{style}>{tds}<td style='color:#c62828;white-space:nowrap'>{flags}</td></tr>")
+        body.append(f"<tr{style}>{tds}<td style='color:#c62828;text-align:left;min-width:18em'>{flags}</td></tr>")
     verdict = _escape(_verdict(reports) if reports else "no parameters")
     notes = "".join(f"<div style='color:#c62828;font-size:12px'>[{number}] on {count} layers: {_escape(flag)}</div>"
                     for flag, (number, count) in shared.items())
