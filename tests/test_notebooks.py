@@ -138,7 +138,7 @@ def test_04_debugging():
     assert "all 2 ranks agree on every layer" in widgets
     assert "every rank saw the same batches: True" in cells[9] and "every rank saw the same batches: False" in cells[11]
     deadlock = cells[12]
-    assert "rank 0: Timeout: still running after 3 s, blocked in theirs = comm.recv(source=other) at cell line 2" \
+    assert "ranks 0-1: Timeout: still running after 3 s, blocked in theirs = comm.recv(source=other) at cell line 2" \
         in deadlock and "ranks 0-1 left recv on COMM_WORLD" in deadlock and "variables are kept" in deadlock
     assert "[rank 0] hello from 1 | still here: Sequential (2048, 16)" in cells[13]  # the world was kept
     assert "[rank 1] hello from 0" in cells[13]
