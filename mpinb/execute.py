@@ -64,7 +64,7 @@ class CellResult:
 
 def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, metrics=None, options=None,
              timeout=None, abort_grace=2.0, interrupt_grace=5.0, liveness_every=0.5, status=None,
-             collective_wait=1.0, trace=None, recover=True):
+             collective_wait=1.0, trace=None, recover=True, progress=None):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
@@ -83,7 +83,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     ranks proven to be in different collectives stop the cell (``result.mismatch``; ``None`` turns it off).
     Spans of a traced cell go to *trace* (a :class:`~mpinb.live.LiveTrace`). With *recover*, ranks stuck in MPI
     after the interrupt are let out where the other ranks can complete what they wait for (``recover.py``):
-    ``result.recovered`` says how, ``result.unrecoverable`` why not.
+    ``result.recovered`` says how, ``result.unrecoverable`` why not; meanwhile a line made by *progress* (a
+    callable returning a :class:`~mpinb.views.Progress`) says what the recovery is doing.
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()
@@ -102,6 +103,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     watch = MismatchWatch(channel, ranks, code, world=world, after=collective_wait) \
         if collective_wait is not None else None
     recovery = Recovery(channel, world, ranks) if recover else None
+    line = None  # the progress line of a recovery under way
 
     def stop(reason, stacks=None):
         """Say at once who failed and where every running rank is, then interrupt those ranks. Ranks waiting in
@@ -174,6 +176,9 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
                     give_up_at = now + more
                 elif recovery.reason is not None:
                     give_up_at = min(give_up_at, now)  # nothing will let them out: restart at once
+                if progress is not None:
+                    line = line or progress()
+                    line.update(recovery.stage(replies))
             if now < check_liveness_at:
                 continue
             check_liveness_at = now + liveness_every
@@ -195,6 +200,8 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
             interrupted = exc
             stop("interrupt")
     printer.finish()
+    if line is not None:
+        line.close()
     if metrics is not None:
         metrics.finish()
     result.seconds = time.perf_counter() - started

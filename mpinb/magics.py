@@ -368,6 +368,7 @@ class MPIMagics(Magics):
                 status=CellStatus(self.history, widgets=view == "widgets", after=self.status_after),
                 abort_grace=self.abort_grace if self.abort_grace >= 0 else None,
                 collective_wait=self.collective_wait or None, trace=tracer,
+                progress=lambda: views.Progress(notebook=_in_notebook(self.shell)),
             )
         except KeyboardInterrupt as exc:
             stopped = getattr(exc, "mpinb_result", None)

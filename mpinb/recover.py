@@ -82,6 +82,15 @@ class Recovery:
         self.note = describe(self.states, pending)
         return 3.0
 
+    def stage(self, replies):
+        """What the recovery is doing, for the progress line: ``letting ranks 0-1 out of Recv on COMM_WORLD``."""
+        pending = [rank for rank in self.ranks if rank not in replies]
+        if self.reason is not None:
+            return f"{label_ranks(pending)} cannot be let out ({self.reason})"
+        if self.plan is not None:
+            return f"letting {label_ranks(pending)} out: {describe(self.states, pending).replace(' left ', ' in ')}"
+        return f"asking {label_ranks(pending)} where they wait in MPI"
+
     def failed_steps(self):
         """``{rank: [what went wrong, ...]}`` of the steps that did not work."""
         return {rank: [outcome for outcome in outcomes if outcome] for rank, outcomes in self.outcomes.items()

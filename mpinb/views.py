@@ -118,7 +118,7 @@ class Progress:
     notebook : bool
         Display in the notebook (else write to *stream*).
     every : float, default 0.25
-        Seconds between updates shown at most (the last one always shows).
+        Seconds between updates of the same text shown at most (a new text shows at once).
     """
 
     def __init__(self, *, notebook, stream=None, every=0.25):
@@ -127,13 +127,14 @@ class Progress:
         self.started = time.monotonic()
         self._shown = 0.0
         self._width = 0
+        self._text = None
         self.updates = 0
 
     def update(self, text, done=None, total=None, *, force=False):
         now = time.monotonic()
-        if not force and now - self._shown < self.every:
+        if not force and text == self._text and now - self._shown < self.every:
             return
-        self._shown = now
+        self._shown, self._text = now, text
         self.updates += 1
         elapsed = f"{now - self.started:.1f} s"
         if self.notebook:

@@ -45,3 +45,15 @@ def test_a_stopped_cell_keeps_every_ranks_variables(case, world_of, mpi, magics,
     assert mpi("kept") == {0: 0, 1: 10, 2: 20, 3: 30}
     assert mpi("comm.allreduce(rank)") == {rank: 6 for rank in range(4)}  # collectives match again
     assert mpi("comm.sendrecv(rank, dest=(rank + 1) % size, source=(rank - 1) % size)") == {0: 3, 1: 0, 2: 1, 3: 2}
+
+
+def test_a_recovery_says_what_it_does_while_it_runs(world_of, mpi, capsys):
+    """Between the diagnosis and the cell's error, a line says which ranks are being let out of what."""
+    world_of(2)
+    capsys.readouterr()
+    with pytest.raises(Exception) as raised:
+        mpi("comm.recv(source=(rank + 1) % size)", "--timeout 2")
+    assert "every rank's variables are kept" in str(raised.value)
+    err = capsys.readouterr().err
+    assert "[mpinb] asking ranks 0-1 where they wait in MPI" in err, err
+    assert "[mpinb] letting ranks 0-1 out: ranks 0-1 in recv on COMM_WORLD" in err, err
