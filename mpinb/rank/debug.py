@@ -12,6 +12,8 @@ import pdb
 import queue
 import sys
 
+from . import stacks
+
 _pdb_set_trace = pdb.set_trace
 
 _lines = queue.SimpleQueue()  # answers from the notebook
@@ -64,6 +66,14 @@ class RankPdb(pdb.Pdb):
     def __init__(self):
         super().__init__(nosigint=True)
         self.prompt = f"(rank {rank}) (Pdb) "
+
+    def format_stack_entry(self, frame_lineno, lprefix=": "):
+        """pdb's ``> file(line)function()``, a notebook cell named as IPython does (``Cell In[3]``) rather than
+        by the file the kernel compiled it as."""
+        text = super().format_stack_entry(frame_lineno, lprefix)
+        filename = frame_lineno[0].f_code.co_filename
+        number = stacks.cell_numbers.get(filename)
+        return text if number is None else text.replace(self.canonic(filename), f"Cell In[{number}]", 1)
 
     def cmdloop(self, intro=None):
         before = cmd.__dict__.get("input")

@@ -130,10 +130,14 @@ def note_stderr(text):
     _stderr.flush()
 
 
+cell_numbers = {}  # file a cell was compiled as -> its In[N] in the notebook
+
+
 def cell_started(filename, number):
     """Note the file the cell about to run (the notebook's ``In[number]``) was compiled as."""
     global current_cell_file
     current_cell_file = filename
+    cell_numbers[filename] = number
     if _file is not None:
         _file.write(f"named {number} {filename}\ncell {filename}\n")
 
