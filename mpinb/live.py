@@ -27,10 +27,13 @@ class LiveMetrics:
         Points drawn per curve at most.
     runs : list of str
         Runs to show already (``%mpi metrics``); a running cell adds each run as its first report arrives.
+    show_after : float, default 2.0
+        Seconds the cell must have run before its live charts are displayed: a shorter cell's would be replaced
+        by their static rendering before the browser drew them, which then shows alone.
     """
 
     def __init__(self, history, *, view, refresh_interval=0.25, max_points=1000, stderr=None, stdout=None,
-                 runs=()):
+                 runs=(), show_after=2.0):
         self.history, self.widgets, self.text = history, view == "widgets", view == "text"
         self.refresh_interval, self.max_points = refresh_interval, max_points
         self.stderr, self.stdout = stderr or sys.stderr, stdout or sys.stdout
@@ -38,6 +41,7 @@ class LiveMetrics:
         self.runs = list(runs)
         self.batches = self.records = self.refreshes = 0
         self._next_refresh = 0.0
+        self.started, self.show_after, self.displayed = time.monotonic(), show_after, False
 
     def add(self, rank, records):
         """One batch from *rank*."""
@@ -64,6 +68,10 @@ class LiveMetrics:
             return
         if self.widgets:
             self._refresh(time.monotonic(), live=False)
+            if not self.displayed:
+                views.show_at_end(lambda: self.view.widget, self._static, name="live charts")
+                if not views.keep_widgets:
+                    views.close_later(self.view.widget)
         elif self.text:
             self.stdout.write("".join(summary_text(self.history, run) + "\n" for run in self.runs))
             self.stdout.flush()
@@ -72,18 +80,22 @@ class LiveMetrics:
         if self.view is None:
             from .widgets.charts import MetricsWidget
 
-            from .widgets.static import metrics_bundle
-
             self.view = MetricsWidget(self.history, max_points=self.max_points)
-            runs = self.runs
-            view = self.view
-            views.show(view.widget, lambda: metrics_bundle(self.history, runs, log={
-                key: toggle.value for key, toggle in view.log_toggles.items() if toggle.value}), name="live charts")
+        if live and not self.displayed and now - self.started >= self.show_after:
+            self.displayed = True
+            views.show(self.view.widget, self._static, name="live charts")
         for run in self.runs:
             self.view.show(run)
         self.view.refresh(now=now, live=live, finished=finished)
         self.refreshes += 1
         self._next_refresh = now + self.refresh_interval
+
+
+    def _static(self):
+        from .widgets.static import metrics_bundle
+
+        log = {key: toggle.value for key, toggle in self.view.log_toggles.items() if toggle.value}
+        return metrics_bundle(self.history, list(self.runs), log=log)
 
 
 class CellStatus:
@@ -181,6 +193,7 @@ def show_trace(trace, summary=None, *, view):
         from .widgets.static import timeline_bundle
         from .widgets.timeline import TimelineWidget
 
-        views.show(TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary), name="timeline")
+        views.show_at_end(lambda: TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary),
+                          name="timeline")
     elif view == "text":
         print(summary_text(summary))

@@ -430,7 +430,8 @@ class MPIMagics(Magics):
         if _in_notebook(self.shell):
             from .widgets.static import inspector_bundle
 
-            views.show(inspector_widget(reports), lambda: inspector_bundle(reports), name="tensor inspector")
+            views.show_at_end(lambda: inspector_widget(reports), lambda: inspector_bundle(reports),
+                              name="tensor inspector")
         else:
             print(inspector_text(reports))
 
@@ -465,7 +466,7 @@ class MPIMagics(Magics):
         if _in_notebook(self.shell):
             from .widgets.static import grads_bundle
 
-            views.show(grads_widget(reports), lambda: grads_bundle(reports), name="gradient view")
+            views.show_at_end(lambda: grads_widget(reports), lambda: grads_bundle(reports), name="gradient view")
         else:
             print(grads_text(reports))
         return reports

@@ -25,6 +25,8 @@ log = logging.getLogger("mpinb")
 _open = []  # views shown since the last seal_all, in display order
 _to_close = []  # widgets of views sealed at the last seal_all: closed at the next one
 keep_widgets = False  # MPIMagics.keep_widgets
+SETTLE = 1.0  # seconds a widget is left shown before its output is replaced: JupyterLab builds a widget's views
+# asynchronously, and an output replaced meanwhile makes it log "Could not add child view to box"
 
 
 class View:
@@ -35,6 +37,7 @@ class View:
 
         self.widget, self.static, self.name = widget, static, name
         self.handle = display(widget, display_id=True)
+        self.shown_at = time.monotonic()
         self.sealed = False
 
     def seal(self):
@@ -51,16 +54,31 @@ class View:
         self.seconds = time.perf_counter() - started
         if keep_widgets:
             data = {**data, **self.widget._repr_mimebundle_()}
+        young = SETTLE - (time.monotonic() - self.shown_at)
+        if young > 0 and not keep_widgets:
+            time.sleep(young)
         self.handle.update(data, raw=True)
         if not keep_widgets:  # not at once: the browser may still be building the views it replaces
-            _to_close.append(self.widget)
+            close_later(self.widget)
 
 
 def show(widget, static, *, name="view"):
-    """Display *widget* now; :func:`seal_all` replaces it by ``static()`` (a MIME bundle)."""
-    view = View(widget, static, name=name)
+    """Display *widget* now; :func:`seal_all` replaces it by ``static()`` (a MIME bundle). *widget* may be a
+    callable making it."""
+    view = View(widget() if callable(widget) else widget, static, name=name)
     _open.append(view)
     return view
+
+
+def show_at_end(widget, static, *, name="view"):
+    """A view drawn as its cell ends: its static rendering at once (its widget would be replaced before the
+    browser drew it), or with ``keep_widgets`` the widget made by the callable *widget*, as :func:`show` does."""
+    if keep_widgets:
+        return show(widget, static, name=name)
+    from IPython.display import display
+
+    display(static(), raw=True)
+    return None
 
 
 def warm_up():
@@ -84,6 +102,11 @@ def seal_all(*args):
         close(widget)
     while _open:
         _open.pop(0).seal()
+
+
+def close_later(widget):
+    """Close *widget* (and what it holds) at the next :func:`seal_all`."""
+    _to_close.append(widget)
 
 
 def close(widget):
