@@ -19,8 +19,9 @@ from . import wire
 class Channel:
     """Sockets the ranks' agents connect to: a ROUTER that sends cells, a PULL that gathers what comes back."""
 
-    def __init__(self, ip="127.0.0.1"):
-        self.key = secrets.token_bytes(32)
+    def __init__(self, ip="127.0.0.1", *, secret):
+        self.salt = secrets.token_bytes(16)
+        self.key = wire.derive_key(secret, self.salt)  # the ranks derive it too: only the salt travels
         context = zmq.Context.instance()
         self.cells = context.socket(zmq.ROUTER)
         self.cells.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -530,10 +530,10 @@ class World:
         return processes
 
     def _open_channel(self, view):
-        self.channel = Channel(self.ip)
+        self.channel = Channel(self.ip, secret=self.client.session.key)
         self.receiver = Receiver()
         view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
-                        key=self.channel.key)
+                        salt=self.channel.salt)
         self.stack_files = self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
 
     def _start_reaper(self):

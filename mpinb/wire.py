@@ -11,6 +11,15 @@ import hmac
 import pickle
 
 
+def derive_key(secret, salt):
+    """The channel's key: HMAC-SHA256 of *salt* under *secret* (ipyparallel's session key, which the notebook
+    and every engine hold already). Only the salt travels when a world starts, so the key never crosses the
+    network, even where ipyparallel's own messages are not encrypted."""
+    if not secret:
+        raise ValueError("ipyparallel's session has no key: the cell channel needs one to sign its messages")
+    return hmac.new(secret, b"mpinb cell channel\0" + salt, hashlib.sha256).digest()
+
+
 def pack(key, message, buffers=()):
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return [_sign(key, payload, buffers), payload, *buffers]

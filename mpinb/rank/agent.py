@@ -24,9 +24,13 @@ from . import debug, gather, report, rollcall, runner, stacks, trace_torch, trac
 _agent = None
 
 
-def start(*, cells, events, key, rank=None, flush_interval=0.05):
-    """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank."""
+def start(*, cells, events, salt, rank=None, flush_interval=0.05):
+    """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank.
+    The channel's key is derived from *salt* and the engine's ipyparallel session key (``wire.derive_key``)."""
     global _agent
+    from IPython import get_ipython
+
+    key = wire.derive_key(get_ipython().kernel.session.key, salt)
     if rank is None:
         from mpi4py import MPI
 
