@@ -8,7 +8,8 @@
   so it sees the host's hostname and network, and so does everything sshd starts there;
 - the hosts are joined through a bridge in one more namespace (the switch): one veth link per host, ``eth0`` in
   the host, ``p<i>`` on the switch. ``link_down(i)`` takes the switch's end down, like pulling a cable: host i
-  keeps its address, nothing reaches it and nothing leaves it;
+  keeps its address, nothing reaches it and nothing leaves it (a connection to it times out, or fails with "No
+  route to host" once ARP went unanswered, about 3 s);
 - addresses are ``10.199.<k>.<i+1>/24`` on each host's ``eth0`` (``k`` from the pid), with loopback up; they exist
   only inside these namespaces: the machine's own namespace gets no address, route or firewall rule;
 - names resolve through ``/etc/netns/<namespace>/hosts``, which ``ip netns exec`` binds over ``/etc/hosts``: every
@@ -96,7 +97,7 @@ def _ip(*args, timeout=30):
     return done.stdout
 
 
-def _wait_for(predicate, what, timeout=20.0, interval=0.05):
+def wait_for(predicate, what, timeout=20.0, interval=0.05):
     """Poll ``predicate`` until it is true; RuntimeError naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -219,7 +220,7 @@ class Hosts:
             self._start_sshd(i)
         for i in range(self.n):
             log = self.dir / f"sshd{i}.log"
-            _wait_for(lambda: "Server listening" in log.read_text() or self._sshds[i].poll() is not None,
+            wait_for(lambda: "Server listening" in log.read_text() or self._sshds[i].poll() is not None,
                       f"sshd on {self.names[i]}", self.timeout)
             if self._sshds[i].poll() is not None:
                 raise RuntimeError(f"sshd on {self.names[i]} exited: {log.read_text().strip()}")
@@ -275,7 +276,7 @@ class Hosts:
                                   capture_output=True, text=True, timeout=10)
             return done.stdout.strip() == self.names[i]
 
-        _wait_for(named, f"hostname {self.names[i]}", self.timeout)
+        wait_for(named, f"hostname {self.names[i]}", self.timeout)
 
     def _start_sshd(self, i):
         log = open(self.dir / f"sshd{i}.log", "wb")
