@@ -75,6 +75,9 @@ def _gigabytes(n):
     return f"{n / 1e9:.1f} GB" if n < 1e12 else f"{n / 1e12:.1f} TB"
 
 
+HEARTBEAT_MISSES = 7  # heartbeats an engine may miss before the hub unregisters it (3.5 s at the default 500 ms)
+
+
 class World:
     """An MPI world of ``size`` ranks, one ipyparallel engine per rank, all under one ``mpiexec``.
 
@@ -203,7 +206,8 @@ class World:
             engines=engines,
             n=self.size,
             controller_ip=self.ip,
-            controller_args=[f"--HeartMonitor.period={self.heartbeat_ms}", "--HubFactory.db_class=NoDB"],
+            controller_args=[f"--HeartMonitor.period={self.heartbeat_ms}", "--HubFactory.db_class=NoDB",
+                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
             delay=0,
             shutdown_atexit=False,
             cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
@@ -342,9 +346,21 @@ class World:
         return len(self._local(ranks)) == len(ranks)
 
     def dead_ranks(self, ranks=None):
-        """Ranks among *ranks* whose engine process on this host has exited."""
-        local = self._local(self.ranks if ranks is None else ranks)
-        return [rank for rank in local if not alive(self.identities[rank]["pid"])]
+        """Ranks among *ranks* whose engine has ended: on this host, its process has exited; on another host,
+        ipyparallel's hub unregistered it (its heartbeats stopped for ``HEARTBEAT_MISSES`` periods: the
+        process ended, or its host cannot be reached)."""
+        ranks = self.ranks if ranks is None else list(ranks)
+        local = set(self._local(ranks))
+        dead = [rank for rank in ranks if rank in local and not alive(self.identities[rank]["pid"])]
+        remote = [rank for rank in ranks if rank not in local and rank in self.engines]
+        if remote and self.client is not None:
+            registered = set(self.client.ids)  # reads the hub's unregistration notices first
+            dead += [rank for rank in remote if self.engines[rank] not in registered]
+        return sorted(dead)
+
+    def is_remote(self, rank):
+        """Whether *rank* runs on another host than the notebook's."""
+        return not self._local([rank])
 
     def _local(self, ranks):
         """Those of *ranks* that run on the notebook's host (their pids mean something here)."""

@@ -174,10 +174,17 @@ class Death:
     abort: str = ""  # "called MPI_Abort(MPI_COMM_WORLD, 3)"
     abort_code: int = None
     aborted_by: tuple = None  # (rank, "called MPI_Abort(...)") of the rank whose MPI_Abort ended the job
+    host: str = None  # the other host it ran on, when it did: its end is known from ipyparallel's heartbeats
+    reported: int = None  # the exit code mpiexec reported for it, when it ran on another host
 
     def describe(self):
         if self.abort:
             return self.abort
+        if self.reported is not None:
+            return f"its process on {self.host} ended (mpiexec reported exit code {self.reported} on that host)"
+        if self.host is not None and self.returncode is None:
+            return (f"its engine on {self.host} stopped answering ipyparallel's heartbeats (the process ended, or "
+                    "the host cannot be reached)")
         if self.returncode is None:
             return "exit status unknown"
         if self.returncode < 0:
@@ -192,9 +199,9 @@ def death_report(world, dead, *, wait=1.0):
     ``MPI_Abort`` calls as mpiexec printed them."""
     deadline = time.monotonic() + wait
     while True:
-        deaths = {rank: _death(world, rank) for rank in dead}
         output = world.launcher_output() + "\n" + _native_stderr(world, world.ranks)
-        culprit = any(d.returncode not in (None, -signal.SIGKILL) for d in deaths.values())
+        deaths = {rank: _death(world, rank, output) for rank in dead}
+        culprit = any(d.returncode not in (None, -signal.SIGKILL) or d.when == 0.0 for d in deaths.values())
         if (culprit or all(d.returncode is not None for d in deaths.values()) or aborts(output)
                 or time.monotonic() > deadline):
             break
@@ -222,7 +229,19 @@ def _native_stderr(world, ranks):
     return "\n".join(texts)
 
 
-def _death(world, rank):
+# Hydra (MPICH's mpiexec) on a process of the job that ended badly: its host is right, its pid not always the one
+_BAD_TERMINATION = re.compile(r"RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
+# ipyparallel's nanny of an engine whose process ended, in the engines' log that mpiexec forwards, in order
+_NANNY = re.compile(r"\[KernelNanny\.\d+\] (?:Parent|Pipe closed, parent) (\d+)")
+
+
+def _death(world, rank, output=""):
+    if world.is_remote(rank):  # no exit record reaches this host: what mpiexec and the engines' nannies said
+        who = world.identities.get(rank, {})
+        noticed = [int(pid) for pid in _NANNY.findall(output)]
+        when = float(noticed.index(who.get("pid"))) if who.get("pid") in noticed else None
+        codes = [int(code) for host, code in _BAD_TERMINATION.findall(output) if host == who.get("host")]
+        return Death(rank, host=who.get("host"), reported=codes[0] if codes and when == 0.0 else None, when=when)
     pid = world.identities.get(rank, {}).get("pid")
     path = os.path.join(world.status_dir or "", f"exit-{pid}")
     try:

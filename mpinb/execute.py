@@ -295,7 +295,8 @@ def _check_deaths(world, ranks, replies, result, code):
     if not dead:
         return
     deaths = death_report(world, dead, wait=2.0)
-    if result.first_death is None and all(d.returncode is None and not d.abort for d in deaths.values()):
+    if result.first_death is None and all(d.returncode is None and not d.abort and d.host is None
+                                          for d in deaths.values()):
         caller = next((d.aborted_by for d in deaths.values() if d.aborted_by), None)
         for rank in dead:  # nobody could record anything: the job was ended as a whole
             why = (f"rank {rank} was ended by mpiexec after rank {caller[0]} {caller[1]}" if caller else

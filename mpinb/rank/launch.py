@@ -35,8 +35,9 @@ def main(argv):
     if directory and os.path.isdir(directory):
         with open(os.path.join(directory, f"exit-{child.pid}"), "w") as status:
             status.write(f"{child.pid} {code} {time.time()}\n")
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # end as the engine did, so mpiexec reports the same signal
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be handled, nor given a handler
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 

@@ -81,7 +81,8 @@ def share_cores(comm, threads=0):
 
 
 def identity():
-    """This rank's place in the world: rank, size, host, pid and the MPI library in use."""
+    """This rank's place in the world: rank, size, host, pid (and its launcher's, the process mpiexec started and
+    names when it ends) and the MPI library in use."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -90,6 +91,7 @@ def identity():
         "size": comm.size,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "parent": os.getppid(),
         "mpi": " ".join(MPI.Get_library_version().split("\n")[0].split()),
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
     }

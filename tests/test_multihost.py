@@ -1,0 +1,82 @@
+"""A world across hosts: the notebook on one host, its ranks on two others reached over ssh, as on a cluster.
+
+The hosts are network namespaces with their own hostnames, addresses and sshd (tests/hosts.py). The notebook's
+side runs on the first host (tests/multihost_driver.py: an IPython shell with mpinb loaded, driven by JSON);
+``mpiexec`` reaches the others through its ssh launcher, and the controller listens on the first host's address
+(``--ip``), so every message between notebook and ranks crosses the hosts' links.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hosts import Hosts
+
+pytestmark = [pytest.mark.hosts, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
+
+DRIVER = Path(__file__).with_name("multihost_driver.py")
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with Hosts(3) as built:
+        yield built
+
+
+def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, **setup):
+    """Run *steps* on host 0 against a world of ``per_host`` ranks on each of *ranks*' hosts; the parsed result.
+    Afterwards no process of the world is left on any host."""
+    hostfile = hosts.dir / "hostfile"
+    hostfile.write_text("".join(f"{hosts.names[i]}:{per_host}\n" for i in ranks))
+    options = hosts.hydra_options(list(ranks))
+    where = options.index("-hosts")
+    del options[where:where + 2]  # the hostfile says where
+    config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
+                        "mpiexec_args": options, **setup}, "steps": steps}
+    done = hosts.output(0, [sys.executable, str(DRIVER), json.dumps(config)], timeout=timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"the notebook's side printed no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    for i in range(hosts.n):
+        assert hosts.pids_on(i) == [], f"processes left on {hosts.names[i]}"
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def test_cells_run_across_hosts_labelled_by_rank_with_gather_metrics_and_status(hosts):
+    result = drive(hosts, [
+        ["line", "start -n 4"],
+        ["cell", "", "import socket\nprint(socket.gethostname())"],
+        ["cell", "", "if rank == 3:\n    raise ValueError(f'bad batch on {socket.gethostname()}')\ncomm.Barrier()"],
+        ["cell", "--gather x", "import numpy as np\nx = np.arange(1 << 20, dtype=np.float64) * (rank + 1)"],
+        ["eval", "[bool((x[r] == __import__('numpy').arange(1 << 20) * (r + 1)).all()) for r in sorted(x)]"],
+        ["eval", "get_ipython().magics_manager.registry['MPIMagics']._transport(None)"],
+        ["cell", "", "import mpinb\nfor step in range(20):\n    mpinb.report(step=step, loss=1.0 / (step + 1))"],
+        ["line", "status"],
+    ])
+    start, hello, failing, gather, exact, transport, report, status = result["steps"]
+    assert start["raised"] is None, start
+    h1, h2 = hosts.names[1], hosts.names[2]
+    assert sorted(hello["stdout"].splitlines()) == [f"[rank 0] {h1}", f"[rank 1] {h1}", f"[rank 2] {h2}",
+                                                     f"[rank 3] {h2}"]
+    assert failing["raised"][0] == "RankError" and f"rank 3: ValueError: bad batch on {h2}" in failing["raised"][1]
+    assert gather["raised"] is None and exact["value"] == "[True, True, True, True]", (gather, exact)
+    assert transport["value"] == "'mpi'"  # no rank shares the notebook's host: one MPI gather, then one message
+    assert report["raised"] is None and result["history"] == 4 * 20  # every rank's every report arrived
+    assert f"{h1}: ranks 0-1; {h2}: ranks 2-3" in status["stdout"], status["stdout"]
+    assert result["hosts"] == {h1: [0, 1], h2: [2, 3]}
+
+
+def test_a_rank_killed_on_another_host_fails_the_cell_naming_it_and_its_host(hosts):
+    result = drive(hosts, [
+        ["line", "start -n 4"],
+        ["cell", "--timeout 120", "import os, time\nif rank == 3:\n    time.sleep(1)\n    os.kill(os.getpid(), 9)\n"
+                                  "time.sleep(100)"],
+    ])
+    start, killed = result["steps"]
+    assert start["raised"] is None, start
+    name, text = killed["raised"]
+    assert name == "RankError", killed
+    first = text.splitlines()[1]  # the rank whose end ended the others comes first
+    assert first.startswith(f"rank 3: RankLost: rank 3 died: its process on {hosts.names[2]} ended"), text
+    assert "Timeout" not in text  # noticed as it happened, not at the cell's time limit
