@@ -25,9 +25,9 @@ def hosts():
         yield built
 
 
-def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, **setup):
+def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, leftovers=True, **setup):
     """Run *steps* on host 0 against a world of ``per_host`` ranks on each of *ranks*' hosts; the parsed result.
-    Afterwards no process of the world is left on any host."""
+    With *leftovers*, afterwards no process of the world is left on any host."""
     hostfile = hosts.dir / "hostfile"
     hostfile.write_text("".join(f"{hosts.names[i]}:{per_host}\n" for i in ranks))
     options = hosts.hydra_options(list(ranks))
@@ -38,7 +38,7 @@ def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, **setup):
     done = hosts.output(0, [sys.executable, str(DRIVER), json.dumps(config)], timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the notebook's side printed no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    for i in range(hosts.n):
+    for i in range(hosts.n if leftovers else 0):
         assert hosts.pids_on(i) == [], f"processes left on {hosts.names[i]}"
     return json.loads(lines[-1].removeprefix("RESULT "))
 
@@ -80,3 +80,40 @@ def test_a_rank_killed_on_another_host_fails_the_cell_naming_it_and_its_host(hos
     first = text.splitlines()[1]  # the rank whose end ended the others comes first
     assert first.startswith(f"rank 3: RankLost: rank 3 died: its process on {hosts.names[2]} ended"), text
     assert "Timeout" not in text  # noticed as it happened, not at the cell's time limit
+
+
+def test_a_timeout_interrupts_the_ranks_on_other_hosts_and_keeps_the_world(hosts):
+    result = drive(hosts, [
+        ["line", "start -n 4"],
+        ["cell", "", "kept = rank * 10"],
+        ["cell", "--timeout 3", "import time\ntime.sleep(100)"],
+        ["cell", "", "kept"],
+    ])
+    start, _, stopped, after = result["steps"]
+    assert start["raised"] is None, start
+    name, text = stopped["raised"]
+    assert name == "RankError", text
+    for ranks, host in (("0-1", hosts.names[1]), ("2-3", hosts.names[2])):
+        assert f"ranks {ranks}: Timeout: still running after 3 s, on {host}" in text, text
+    assert after["raised"] is None and after["value"] == {"0": "0", "1": "10", "2": "20", "3": "30"}, after
+
+
+def test_a_host_cut_off_mid_cell_is_named_with_its_ranks_and_the_notebook_goes_on(hosts):
+    """Host 2's link is pulled while the cell runs: its ranks stop answering heartbeats, the cell fails naming
+    them and the host, and the notebook still answers (%mpi status)."""
+    pull = f"__import__('subprocess').run(['ip', '-n', {hosts.switch!r}, 'link', 'set', 'p2', 'down']).returncode"
+    try:
+        result = drive(hosts, [
+            ["line", "start -n 4"],
+            ["eval", pull],
+            ["cell", "--timeout 60", "import time\ncomm.Barrier()\ntime.sleep(100)"],
+            ["line", "status"],
+        ], leftovers=False)
+    finally:
+        hosts.link_up(2)
+    start, pulled, cut, status = result["steps"]
+    assert start["raised"] is None and pulled["value"] == "0", (start, pulled)
+    name, text = cut["raised"]
+    assert name == "RankError" and "Timeout" not in text, text
+    assert "stopped answering ipyparallel's heartbeats" in text and hosts.names[2] in text, text
+    assert "dead" in status["stdout"] and status["raised"] is None, status
