@@ -7,12 +7,13 @@ side runs on the first host (tests/multihost_driver.py: an IPython shell with mp
 """
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from hosts import Hosts
+from hosts import Hosts, wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -117,3 +118,27 @@ def test_a_host_cut_off_mid_cell_is_named_with_its_ranks_and_the_notebook_goes_o
     assert name == "RankError" and "Timeout" not in text, text
     assert "stopped answering ipyparallel's heartbeats" in text and hosts.names[2] in text, text
     assert "dead" in status["stdout"] and status["raised"] is None, status
+
+
+def test_a_killed_notebook_leaves_no_process_on_any_host(hosts):
+    """The notebook's process is killed (SIGKILL) while its ranks on two other hosts run a cell: its world's
+    watcher ends mpiexec, and with it every rank on every host."""
+    hostfile = hosts.dir / "hostfile"
+    hostfile.write_text(f"{hosts.names[1]}:2\n{hosts.names[2]}:2\n")
+    options = hosts.hydra_options([1, 2])
+    where = options.index("-hosts")
+    del options[where:where + 2]
+    running = hosts.dir / "cell-running"
+    config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
+                        "mpiexec_args": options},
+              "steps": [["line", "start -n 4"],
+                        ["cell", "", f"import time\nif rank == 3:\n    open({str(running)!r}, 'w').close()\n"
+                                     "time.sleep(100)"]]}
+    notebook = hosts.run(0, [sys.executable, str(DRIVER), json.dumps(config)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        wait_for(running.exists, "the cell running on every rank", 90)
+    finally:
+        notebook.kill()
+        notebook.wait(timeout=30)
+    wait_for(lambda: not any(hosts.pids_on(i) for i in range(hosts.n)), "no process left on any host", 60)
