@@ -142,3 +142,17 @@ def test_a_killed_notebook_leaves_no_process_on_any_host(hosts):
         notebook.kill()
         notebook.wait(timeout=30)
     wait_for(lambda: not any(hosts.pids_on(i) for i in range(hosts.n)), "no process left on any host", 60)
+
+
+def test_a_host_that_refuses_ssh_at_start_is_a_clear_error(hosts):
+    hosts.link_down(2)
+    try:
+        result = drive(hosts, [["line", "start -n 4"]], timeout=120)
+    finally:
+        hosts.link_up(2)
+    (start,) = result["steps"]
+    assert start["raised"] is not None, start
+    name, text = start["raised"]
+    assert name == "MPIError" and "mpiexec exited while the world was starting" in text, text
+    assert f"ssh: connect to host {hosts.names[2]} port 22" in text, text
+    assert "Traceback" not in text
