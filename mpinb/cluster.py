@@ -224,12 +224,14 @@ class World:
             job_id = self._job_id()
             if self.placement.launcher == "slurm" and job_id:
                 self.job = SlurmJob(job_id)
+            self._processes = self._launched_processes()
+            self._start_reaper()  # from here on a killed kernel leaves nothing, also while the ranks register
             self.client = self.cluster.connect_client_sync()
             self._wait_for_engines()
             everyone = self.client.direct_view(targets=list(self.client.ids))
             self._learn_ranks(everyone)
             self._processes = self._launched_processes() + self._rank_processes()
-            self._start_reaper()
+            self._start_reaper()  # again, watching what started since too
             self._shared_files = self._mapped_shared_files()
             self._say("connecting to the ranks", force=True)
             self._open_channel(everyone)
@@ -565,6 +567,9 @@ class World:
         cancel = []
         if self.job is not None:
             cancel = ["--cancel", f"scancel {self.job.job_id}"]
+        if self._reaper is not None:  # the one started before the ranks registered
+            self._reaper.kill()
+            self._reaper.wait(timeout=5)
         self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.reaper", *cancel, str(os.getpid()),
                                          self.status_dir, *items],
                                         start_new_session=True, stdin=subprocess.DEVNULL,

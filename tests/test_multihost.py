@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hosts import Hosts, wait_for
@@ -156,3 +157,33 @@ def test_a_host_that_refuses_ssh_at_start_is_a_clear_error(hosts):
     assert name == "MPIError" and "mpiexec exited while the world was starting" in text, text
     assert f"ssh: connect to host {hosts.names[2]} port 22" in text, text
     assert "Traceback" not in text
+
+
+def test_a_notebook_killed_while_its_world_starts_leaves_no_process_on_any_host(hosts):
+    hostfile = hosts.dir / "hostfile"
+    hostfile.write_text(f"{hosts.names[1]}:2\n{hosts.names[2]}:2\n")
+    options = hosts.hydra_options([1, 2])
+    where = options.index("-hosts")
+    del options[where:where + 2]
+    config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
+                        "mpiexec_args": options}, "steps": [["line", "start -n 4"]]}
+    notebook = hosts.run(0, [sys.executable, str(DRIVER), json.dumps(config)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:  # the ranks' engines run on both hosts, before they all registered
+        wait_for(lambda: all(engines_on(hosts, i) == 2 for i in (1, 2)), "ranks starting on hosts 1 and 2", 60)
+    finally:
+        notebook.kill()
+        notebook.wait(timeout=30)
+    wait_for(lambda: not any(hosts.pids_on(i) for i in range(hosts.n)), "no process left on any host", 60)
+
+
+def engines_on(hosts, i):
+    """How many ipyparallel engines run on host *i*."""
+    count = 0
+    for pid in hosts.pids_on(i):
+        try:
+            count += "ipyparallel.engine" in psutil.Process(pid).cmdline() and \
+                "nanny" not in " ".join(psutil.Process(pid).cmdline())
+        except psutil.NoSuchProcess:
+            pass
+    return count
