@@ -224,8 +224,8 @@ class World:
             job_id = self._job_id()
             if self.placement.launcher == "slurm" and job_id:
                 self.job = SlurmJob(job_id)
-            self._processes = self._launched_processes()
-            self._start_reaper()  # from here on a killed kernel leaves nothing, also while the ranks register
+            # from here on a killed kernel leaves nothing, also while the ranks register
+            self._start_reaper(self._launched_processes())
             self.client = self.cluster.connect_client_sync()
             self._wait_for_engines()
             everyone = self.client.direct_view(targets=list(self.client.ids))
@@ -554,12 +554,13 @@ class World:
                         salt=self.channel.salt)
         self.stack_files = self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
 
-    def _start_reaper(self):
-        """A watcher that ends this world's processes if this process dies without stopping it (rank/reaper)."""
+    def _start_reaper(self, processes=None):
+        """A watcher that ends this world's *processes* (default: all it knows) if this process dies without
+        stopping it (rank/reaper)."""
         import subprocess
 
         items = []
-        for process in self._processes:
+        for process in self._processes if processes is None else processes:
             try:
                 items.append(f"{process.pid}:{process.create_time()}")
             except psutil.NoSuchProcess:
