@@ -30,6 +30,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-component-update", "--disable-sync"]
 
 
+# bqplot drawing a figure before JupyterLab gave its box a size (the plot area is then 0 minus the margins); it
+# draws again once the box is laid out. Seen in one of a dozen runs; every other console error fails a test.
+BQPLOT_UNSIZED = re.compile(r'Error: <rect> attribute (width|height): A negative value is not valid\. \("-\d+"\)$')
+
+
 def chromium():
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
@@ -106,7 +111,8 @@ def notebook_in_lab(root, name, tmp_path, monkeypatch, *, viewport, screenshot):
         try:
             page = browser.new_page(viewport=viewport)
             page.console_errors = []  # what the page logged as errors, and its uncaught exceptions
-            page.on("console", lambda message: message.type == "error" and page.console_errors.append(message.text))
+            page.on("console", lambda message: message.type == "error" and not BQPLOT_UNSIZED.match(message.text)
+                    and page.console_errors.append(message.text))
             page.on("pageerror", lambda error: page.console_errors.append(str(error)))
             page.goto(f"{server.url}/lab/tree/{name}?reset&token={server.token}")
             page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
