@@ -102,3 +102,17 @@ def pytest_configure(config):
     world_record.install()
     # registered before any shell exists, so it runs after the shells' own exit handlers (their history lives here)
     atexit.register(shutil.rmtree, _SESSION, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh(world_of, magics, mpi, capsys):
+    """A world of the given size whose ranks and history hold no metrics yet (worlds are shared by tests)."""
+    from mpinb.widgets.history import History
+
+    def world(size):
+        world_of(size)
+        mpi("from mpinb.rank import report as _report\n_report.recorder.__init__(sink=_report.recorder.sink)")
+        magics.history = History()
+        capsys.readouterr()
+
+    return world

@@ -12,20 +12,6 @@ from mpinb.errors import RankError
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 
 
-@pytest.fixture
-def fresh(world_of, magics, mpi, capsys):
-    """A world of the given size whose ranks and history hold no metrics yet (worlds are shared by tests)."""
-    from mpinb.widgets.history import History
-
-    def world(size):
-        world_of(size)
-        mpi("from mpinb.rank import report as _report\n_report.recorder.__init__(sink=_report.recorder.sink)")
-        magics.history = History()
-        capsys.readouterr()
-
-    return world
-
-
 def test_every_reported_value_reaches_mpinb_metrics(fresh, mpi, capsys):
     fresh(2)
     mpi("""

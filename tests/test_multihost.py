@@ -27,9 +27,9 @@ def hosts():
         yield built
 
 
-def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, leftovers=True, **setup):
-    """Run *steps* on host 0 against a world of ``per_host`` ranks on each of *ranks*' hosts; the parsed result.
-    With *leftovers*, afterwards no process of the world is left on any host."""
+def notebook(hosts, steps, *, ranks=(1, 2), per_host=2, **setup):
+    """The command that runs the notebook's side on host 0 with *steps*, and ``per_host`` ranks on each of
+    *ranks*' hosts (a hostfile, Hydra's ssh options, and --ip on host 0's address)."""
     hostfile = hosts.dir / "hostfile"
     hostfile.write_text("".join(f"{hosts.names[i]}:{per_host}\n" for i in ranks))
     options = hosts.hydra_options(list(ranks))
@@ -37,7 +37,13 @@ def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, leftovers=True
     del options[where:where + 2]  # the hostfile says where
     config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
                         "mpiexec_args": options, **setup}, "steps": steps}
-    done = hosts.output(0, [sys.executable, str(DRIVER), json.dumps(config)], timeout=timeout)
+    return [sys.executable, str(DRIVER), json.dumps(config)]
+
+
+def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, leftovers=True, **setup):
+    """Run *steps* on host 0 against a world of ``per_host`` ranks on each of *ranks*' hosts; the parsed result.
+    With *leftovers*, afterwards no process of the world is left on any host."""
+    done = hosts.output(0, notebook(hosts, steps, ranks=ranks, per_host=per_host, **setup), timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the notebook's side printed no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     for i in range(hosts.n if leftovers else 0):
@@ -124,24 +130,15 @@ def test_a_host_cut_off_mid_cell_is_named_with_its_ranks_and_the_notebook_goes_o
 def test_a_killed_notebook_leaves_no_process_on_any_host(hosts):
     """The notebook's process is killed (SIGKILL) while its ranks on two other hosts run a cell: its world's
     watcher ends mpiexec, and with it every rank on every host."""
-    hostfile = hosts.dir / "hostfile"
-    hostfile.write_text(f"{hosts.names[1]}:2\n{hosts.names[2]}:2\n")
-    options = hosts.hydra_options([1, 2])
-    where = options.index("-hosts")
-    del options[where:where + 2]
     running = hosts.dir / "cell-running"
-    config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
-                        "mpiexec_args": options},
-              "steps": [["line", "start -n 4"],
-                        ["cell", "", f"import time\nif rank == 3:\n    open({str(running)!r}, 'w').close()\n"
-                                     "time.sleep(100)"]]}
-    notebook = hosts.run(0, [sys.executable, str(DRIVER), json.dumps(config)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    steps = [["line", "start -n 4"],
+             ["cell", "", f"import time\nif rank == 3:\n    open({str(running)!r}, 'w').close()\ntime.sleep(100)"]]
+    process = hosts.run(0, notebook(hosts, steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(running.exists, "the cell running on every rank", 90)
     finally:
-        notebook.kill()
-        notebook.wait(timeout=30)
+        process.kill()
+        process.wait(timeout=30)
     wait_for(lambda: not any(hosts.pids_on(i) for i in range(hosts.n)), "no process left on any host", 60)
 
 
@@ -160,20 +157,13 @@ def test_a_host_that_refuses_ssh_at_start_is_a_clear_error(hosts):
 
 
 def test_a_notebook_killed_while_its_world_starts_leaves_no_process_on_any_host(hosts):
-    hostfile = hosts.dir / "hostfile"
-    hostfile.write_text(f"{hosts.names[1]}:2\n{hosts.names[2]}:2\n")
-    options = hosts.hydra_options([1, 2])
-    where = options.index("-hosts")
-    del options[where:where + 2]
-    config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
-                        "mpiexec_args": options}, "steps": [["line", "start -n 4"]]}
-    notebook = hosts.run(0, [sys.executable, str(DRIVER), json.dumps(config)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    process = hosts.run(0, notebook(hosts, [["line", "start -n 4"]]), stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
     try:  # the ranks' engines run on both hosts, before they all registered
         wait_for(lambda: all(engines_on(hosts, i) == 2 for i in (1, 2)), "ranks starting on hosts 1 and 2", 60)
     finally:
-        notebook.kill()
-        notebook.wait(timeout=30)
+        process.kill()
+        process.wait(timeout=30)
     wait_for(lambda: not any(hosts.pids_on(i) for i in range(hosts.n)), "no process left on any host", 60)
 
 

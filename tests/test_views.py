@@ -15,19 +15,6 @@ from mpinb.widgets.summary import summary_html
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 
 
-@pytest.fixture
-def fresh(world_of, magics, mpi, capsys):
-    """A world of the given size whose ranks and history hold no metrics yet (worlds are shared by tests)."""
-
-    def world(size):
-        world_of(size)
-        mpi("from mpinb.rank import report as _report\n_report.recorder.__init__(sink=_report.recorder.sink)")
-        magics.history = History()
-        capsys.readouterr()
-
-    return world
-
-
 NAN_TRAINING = """
 import torch
 from mpi4py import MPI
