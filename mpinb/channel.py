@@ -1,5 +1,6 @@
 """The notebook end of the cell channel: one message per rank out, output and replies back, over ZMQ (loopback
-unless the world listens on another address, with every message signed with the world's key).
+unless the world listens on another address), every message signed with the world's key and numbered, and
+encrypted with CurveZMQ when the channel listens off loopback (``wire.py``).
 
 ipyparallel starts the ranks and stays their control plane (registration, heartbeats, signals, status); cells
 take this shorter path because an ipyparallel execute or apply request costs every engine about 2 ms of CPU in
@@ -19,16 +20,25 @@ from . import wire
 class Channel:
     """Sockets the ranks' agents connect to: a ROUTER that sends cells, a PULL that gathers what comes back."""
 
-    def __init__(self, ip="127.0.0.1", *, secret):
+    def __init__(self, ip="127.0.0.1", *, secret, encrypt=None):
+        """*secret*: ipyparallel's session key, from which the ranks derive the channel's key, so that only a
+        salt travels; ``None`` where ipyparallel runs CurveZMQ without a session key, and the key, made here,
+        travels to the ranks inside ipyparallel's encrypted messages (``sent_key``)."""
         self.salt = secrets.token_bytes(16)
-        self.key = wire.derive_key(secret, self.salt)  # the ranks derive it too: only the salt travels
+        self.sent_key = None if secret else secrets.token_bytes(32)
+        self.key = self.sent_key or wire.derive_key(secret, self.salt)
+        self.signer, self.verifier = wire.Signer(self.key, "notebook"), wire.Verifier(self.key)
+        bind, host = _addresses(ip)
+        self.encrypt = not bind.startswith("127.") if encrypt is None else encrypt
         context = zmq.Context.instance()
         self.cells = context.socket(zmq.ROUTER)
         self.cells.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.cells.setsockopt(zmq.LINGER, 0)
         self.events = context.socket(zmq.PULL)
         self.events.setsockopt(zmq.LINGER, 0)
-        bind, host = _addresses(ip)
+        if self.encrypt:
+            wire.encrypt_server(self.cells, self.key)
+            wire.encrypt_server(self.events, self.key)
         self.cells_url = f"tcp://{host}:{self.cells.bind_to_random_port(f'tcp://{bind}')}"
         self.events_url = f"tcp://{host}:{self.events.bind_to_random_port(f'tcp://{bind}')}"
         self.poller = zmq.Poller()
@@ -44,6 +54,8 @@ class Channel:
         waiting, stack_files = set(ranks), {}
         deadline = time.monotonic() + timeout
         while waiting:
+            if self.verifier.mismatch is not None:
+                raise self.verifier.mismatch
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"ranks {sorted(waiting)} did not connect to the cell channel in {timeout:g} s")
@@ -60,7 +72,7 @@ class Channel:
         """
         self._next_cell += 1
         cell_id = self._next_cell
-        frames = wire.pack(self.key, ("cell", cell_id, code, number, options or {}))
+        frames = self.signer.pack(("cell", cell_id, code, number, options or {}))
         for rank in ranks:
             self.cells.send_multipart([str(rank).encode(), *frames])
         return cell_id
@@ -68,7 +80,7 @@ class Channel:
     def roll_call(self, ranks, number):
         """Ask *ranks* where they are, MPI-wise (each rank's roll-call thread answers, see
         ``rank/rollcall.py``); *number* comes back with the answers. Ranks not connected are skipped."""
-        frames = wire.pack(self.key, ("rollcall", number))
+        frames = self.signer.pack(("rollcall", number))
         for rank in ranks:
             try:
                 self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
@@ -78,14 +90,14 @@ class Channel:
     def settle(self, rank, number, items):
         """Ask *rank*'s roll-call thread to do *items* (see ``rank/settle.py``); it answers ``("settled", ...)``."""
         try:
-            self.cells.send_multipart([f"rollcall-{rank}".encode(), *wire.pack(self.key, ("settle", number, items))],
+            self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(("settle", number, items))],
                                       zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
     def send_stdin(self, rank, line):
         """A line typed at *rank*'s debugger prompt (``None``: end of input)."""
-        self.cells.send_multipart([f"rollcall-{rank}".encode(), *wire.pack(self.key, ("stdin", line))])
+        self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(("stdin", line))])
 
     def receive(self, timeout):
         """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires).
@@ -101,7 +113,7 @@ class Channel:
                     break
                 if sock is self.cells:
                     frames = frames[1:]  # drop the ROUTER's peer identity
-                unpacked = wire.unpack_with_buffers(self.key, frames)
+                unpacked = self.verifier.unpack_with_buffers(frames)
                 if unpacked is None:
                     continue
                 message, buffers = unpacked

@@ -207,7 +207,10 @@ class World:
             n=self.size,
             controller_ip=self.ip,
             controller_args=[f"--HeartMonitor.period={self.heartbeat_ms}", "--HubFactory.db_class=NoDB",
-                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}"],
+                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+                             # off loopback, ipyparallel's own messages (which carry the channel's salt) are
+                             # encrypted too, as the cell channel is
+                             f"--IPController.enable_curve={not self.loopback}"],
             delay=0,
             shutdown_atexit=False,
             cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
@@ -548,10 +551,16 @@ class World:
         return processes
 
     def _open_channel(self, view):
-        self.channel = Channel(self.ip, secret=self.client.session.key)
+        # off loopback, ipyparallel runs CurveZMQ and drops its session key (CurveZMQ authenticates): the
+        # channel's key then travels inside ipyparallel's encrypted messages, never in clear
+        encrypted = bool(self.client.curve_serverkey)
+        if not self.client.session.key and not encrypted:
+            raise MPIError("ipyparallel's messages are neither signed nor encrypted (Session.key is empty and "
+                           "CurveZMQ is off): set a Session key or IPController.enable_curve in its config")
+        self.channel = Channel(self.ip, secret=None if encrypted else self.client.session.key)
         self.receiver = Receiver()
         view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
-                        salt=self.channel.salt)
+                        salt=self.channel.salt, key=self.channel.sent_key, encrypt=self.channel.encrypt)
         self.stack_files = self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
 
     def _start_reaper(self, processes=None):

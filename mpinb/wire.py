@@ -1,14 +1,28 @@
-"""The cell channel's message format, shared by notebook and ranks: pickled tuples signed with HMAC-SHA256.
+"""The cell channel's message format, shared by notebook and ranks: pickled messages signed with HMAC-SHA256,
+numbered per sender, and encrypted with CurveZMQ when the channel listens off loopback.
 
-A message is ``[signature, payload, *buffers]``. The payload is signed; raw buffers (gathered array bytes)
-follow unsigned, but their number and lengths are signed, and they are only ever read as array contents, never
-unpickled. A message whose signature does not match the world's key is dropped unread, so no other local user
-can run code on the ranks or feed pickles to the notebook.
+A message is ``[signature, header, payload, *buffers]``. The header says the protocol version, who sent it and
+its number in that sender's stream; the header, the payload and the number and lengths of the raw buffers
+(gathered array bytes, only ever read as array contents, never unpickled) are signed. A receiver drops unread a
+message that is not signed with the world's key, and one whose number is not above the last it took from that
+sender, so a captured message replayed or reordered is never acted on, and no other user can run code on the
+ranks or feed pickles to the notebook.
 """
 
 import hashlib
 import hmac
+import itertools
 import pickle
+from collections import Counter
+
+import zmq
+from zmq.utils import z85
+
+PROTOCOL = 2  # raise it when a message's layout or meaning changes: notebook and ranks must agree
+
+
+class ProtocolMismatch(RuntimeError):
+    """A peer speaks another version of the channel protocol: a different mpinb is installed on its host."""
 
 
 def derive_key(secret, salt):
@@ -20,30 +34,101 @@ def derive_key(secret, salt):
     return hmac.new(secret, b"mpinb cell channel\0" + salt, hashlib.sha256).digest()
 
 
-def pack(key, message, buffers=()):
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return [_sign(key, payload, buffers), payload, *buffers]
+def curve_server_keys(key):
+    """``(public, secret)``: the channel's CurveZMQ server key pair (Z85), derived from the channel's *key*.
+
+    Each rank derives the public half itself, so no key travels, and a peer without ipyparallel's session key
+    cannot even finish the CurveZMQ handshake."""
+    secret = z85.encode(hmac.new(key, b"mpinb curve server", hashlib.sha256).digest())
+    return zmq.curve_public(secret), secret
 
 
-def unpack(key, frames):
-    """The message in *frames*, or ``None`` when it is malformed or not signed with *key*."""
-    unpacked = unpack_with_buffers(key, frames)
-    return None if unpacked is None else unpacked[0]
+def encrypt_server(socket, key):
+    """Make *socket* (bound by the notebook) a CurveZMQ server with the channel's key pair."""
+    _, secret = curve_server_keys(key)
+    socket.curve_secretkey = secret
+    socket.curve_server = True
 
 
-def unpack_with_buffers(key, frames):
-    """``(message, buffers)`` from *frames* (bytes or zmq frames), or ``None`` when not signed with *key*."""
-    if len(frames) < 2:
-        return None
-    signature, payload, *buffers = frames
-    signature, payload = bytes(_bytes(signature)), _bytes(payload)
-    if not hmac.compare_digest(signature, _sign(key, payload, [_bytes(b) for b in buffers])):
-        return None
-    return pickle.loads(payload), [_bytes(b) for b in buffers]
+def encrypt_client(socket, key):
+    """Make *socket* (a rank's, before it connects) a CurveZMQ client of the channel's server key."""
+    socket.curve_serverkey = curve_server_keys(key)[0]
+    socket.curve_publickey, socket.curve_secretkey = zmq.curve_keypair()
 
 
-def _sign(key, payload, buffers):
-    mac = hmac.new(key, payload, hashlib.sha256)
+class Signer:
+    """Packs the messages of one sender's stream (``notebook``, ``rank/3/outbox``): signed with *key*, numbered
+    from 1.
+
+    One stream per thread that packs: numbers must reach the receiver in the order they were given."""
+
+    def __init__(self, key, sender):
+        self.key, self.sender = key, sender.encode()
+        self._numbers = itertools.count(1)
+
+    def pack(self, message, buffers=()):
+        header = b"mpinb/%d %s %d" % (PROTOCOL, self.sender, next(self._numbers))
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        return [_sign(self.key, header, payload, buffers), header, payload, *buffers]
+
+
+class Verifier:
+    """Unpacks what one receiver gets: drops what is not signed with *key* and what is not newer than the last
+    message taken from the same sender; ``rejected`` counts what was dropped and why."""
+
+    def __init__(self, key):
+        self.key = key
+        self.last = {}  # sender -> number of the last message taken from it
+        self.rejected = Counter()
+        self.mismatch = None
+
+    def unpack(self, frames):
+        """The message in *frames*, or ``None``."""
+        unpacked = self.unpack_with_buffers(frames)
+        return None if unpacked is None else unpacked[0]
+
+    def unpack_with_buffers(self, frames):
+        """``(message, buffers)`` from *frames* (bytes or zmq frames), or ``None`` when dropped.
+
+        A message of another protocol version is dropped too, and ``mismatch`` says who sent it (the handshake
+        raises it as :class:`ProtocolMismatch`)."""
+        if len(frames) < 3:
+            self.rejected["malformed"] += 1
+            return None
+        signature, header, payload, *buffers = (_bytes(frame) for frame in frames)
+        try:
+            version, sender, number = bytes(header).split(b" ")
+            number = int(number)
+        except ValueError:
+            self.rejected["malformed"] += 1
+            return None
+        if version != b"mpinb/%d" % PROTOCOL:
+            self.rejected["version"] += 1
+            self.mismatch = ProtocolMismatch(
+                f"{_who(sender)} speaks the cell channel's protocol "
+                f"{version.decode(errors='replace')}, this notebook mpinb/{PROTOCOL}: install the same mpinb "
+                "version on every host")
+            return None
+        if not hmac.compare_digest(bytes(signature), _sign(self.key, header, payload, buffers)):
+            self.rejected["unsigned"] += 1
+            return None
+        if number <= self.last.get(sender, 0):
+            self.rejected["replayed"] += 1
+            return None
+        self.last[sender] = number
+        return pickle.loads(payload), buffers
+
+
+def _who(sender):
+    """``rank 3`` for a rank's stream (``rank/3/inbox``), else the sender's name."""
+    parts = sender.decode(errors="replace").split("/")
+    return f"rank {parts[1]}" if parts[0] == "rank" and len(parts) > 1 else parts[0]
+
+
+def _sign(key, header, payload, buffers):
+    mac = hmac.new(key, len(header).to_bytes(4, "little"), hashlib.sha256)
+    mac.update(header)
+    mac.update(payload)
     for buffer in buffers:
         mac.update(memoryview(buffer).nbytes.to_bytes(8, "little"))
     return mac.digest()

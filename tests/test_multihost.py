@@ -177,3 +177,79 @@ def engines_on(hosts, i):
         except psutil.NoSuchProcess:
             pass
     return count
+
+
+WORLD = "get_ipython().magics_manager.registry['MPIMagics'].world"
+SOURCE = "secret_recipe = 'mpinb-source-7f3a9c'\nprint('mpinb-output-' + str(41 * 3))"
+
+
+def test_what_crosses_the_hosts_links_holds_neither_key_nor_source_and_a_replay_is_refused(hosts):
+    """An eavesdropper on the notebook host's link, from before the world starts to its end, sees neither the
+    channel's key nor a cell's source nor its output; replaying the ranks' captured stream to the notebook on a
+    new connection is refused at the CurveZMQ handshake and shows nothing. A plain-text message sent across the
+    same link during the capture is found in it: the capture sees what is in clear."""
+    pcap = hosts.dir / "eth0.pcap"
+    plain = f"__import__('socket').socket(2, 2).sendto(b'mpinb-plain-text-control', ({hosts.addresses[1]!r}, 9))"
+    result = drive(hosts, [
+        ["eval", "__import__('capture').start('eth0')"],
+        ["line", "start -n 4"],
+        ["eval", f"({WORLD}.channel.encrypt, bool({WORLD}.client.curve_serverkey))"],
+        ["cell", "", SOURCE],
+        ["cell", "--gather x", "import numpy as np\nx = np.full(1000, rank, dtype=np.int64)"],
+        ["eval", plain],
+        ["eval", f"__import__('capture').stop({str(pcap)!r})"],
+        ["eval", f"({WORLD}.channel.key.hex(), {WORLD}.channel.salt.hex())"],
+        ["eval", f"__import__('capture').watch({WORLD}.channel.events)"],
+        ["eval", f"__import__('capture').replay({str(pcap)!r}, {hosts.addresses[0]!r}, "
+                 f"int({WORLD}.channel.events_url.rsplit(':', 1)[1]))"],
+        ["eval", "__import__('capture').refused()"],
+        ["cell", "", "print('after')"],
+        ["eval", f"dict({WORLD}.channel.verifier.rejected)"],
+    ])
+    steps = result["steps"]
+    assert all(step["raised"] is None for step in steps), [step["raised"] for step in steps]
+    encrypted, output, key = steps[2]["value"], steps[3]["stdout"], eval(steps[7]["value"])[0]
+    assert encrypted == "(True, True)"  # the cell channel and ipyparallel's own messages
+    assert "[rank 3] mpinb-output-123" in output
+    wire = __import__("capture").payload(pcap)
+    assert b"mpinb-plain-text-control" in wire  # the capture reads what is in clear
+    assert len(wire) > 100_000  # it saw the world start, two cells and a gather
+    for secret in (bytes.fromhex(key), key.encode(), b"mpinb-source-7f3a9c", b"secret_recipe",
+                   b"mpinb-output-123", b"mpinb-output-"):
+        assert secret not in wire, secret
+    replayed, refused, after, rejected = (step["value"] for step in steps[9:])
+    assert int(replayed) > 1000 and refused.startswith("'HANDSHAKE_FAILED"), (replayed, refused)
+    assert sorted(steps[11]["stdout"].splitlines()) == [f"[rank {r}] after" for r in range(4)]  # nothing more
+    assert rejected == "{}"  # nothing got past the handshake to be even looked at
+
+
+def test_on_loopback_a_replayed_stream_gets_through_to_the_channel_and_each_message_is_dropped(hosts):
+    """On one host the channel listens on loopback, unencrypted: there the signatures and message numbers are
+    what stand between a local eavesdropper and the notebook. Replaying the ranks' captured output stream on a
+    new connection delivers its messages (output, metrics, the reply): every one is dropped as a replay, and
+    none is shown or recorded."""
+    pcap = hosts.dir / "lo.pcap"
+    steps = [
+        ["eval", "__import__('capture').start('lo')"],
+        ["line", "start -n 2"],
+        ["eval", f"{WORLD}.channel.encrypt"],
+        ["cell", "", SOURCE + "\nimport mpinb\nfor step in range(5):\n    mpinb.report(step=step, loss=1.0)"],
+        ["eval", f"__import__('capture').stop({str(pcap)!r})"],
+        ["eval", f"__import__('capture').replay({str(pcap)!r}, '127.0.0.1', "
+                 f"int({WORLD}.channel.events_url.rsplit(':', 1)[1]))"],
+        ["eval", f"__import__('capture').dropped({WORLD}.channel)"],
+        ["cell", "", "print('after')"],
+        ["eval", "len(get_ipython().magics_manager.registry['MPIMagics'].history)"],
+    ]
+    done = hosts.output(0, [sys.executable, str(DRIVER), json.dumps({"setup": {}, "steps": steps})], timeout=240)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout[-3000:] + done.stderr[-3000:]
+    steps = json.loads(lines[-1].removeprefix("RESULT "))["steps"]
+    assert all(step["raised"] is None for step in steps), [step["raised"] for step in steps]
+    assert steps[2]["value"] == "False" and "[rank 1] mpinb-output-123" in steps[3]["stdout"]
+    assert b"mpinb-output-123" in __import__("capture").payload(pcap)  # in clear on loopback: signed, not hidden
+    dropped = eval(steps[6]["value"])
+    assert dropped.get("replayed", 0) >= 1 and set(dropped) == {"replayed"}, dropped
+    assert sorted(steps[7]["stdout"].splitlines()) == ["[rank 0] after", "[rank 1] after"]
+    assert steps[8]["value"] == "10"  # each rank's 5 reports, once: the replayed ones were not taken
+    assert hosts.pids_on(0) == []

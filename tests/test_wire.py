@@ -1,16 +1,51 @@
 import pytest
+import zmq
+import zmq.utils.monitor
 
 from mpinb import wire
+from mpinb.channel import Channel
+
+KEY = b"k" * 32
 
 
 def test_round_trip_and_tampering_is_dropped():
-    key = b"k" * 32
-    frames = wire.pack(key, ("cell", 1, "print(1)", 3))
-    assert wire.unpack(key, frames) == ("cell", 1, "print(1)", 3)
-    signature, payload = frames
-    assert wire.unpack(key, [signature, payload.replace(b"print", b"input")]) is None
-    assert wire.unpack(b"x" * 32, frames) is None
-    assert wire.unpack(key, [payload]) is None
+    signer, verifier = wire.Signer(KEY, "notebook"), wire.Verifier(KEY)
+    frames = signer.pack(("cell", 1, "print(1)", 3))
+    assert verifier.unpack(frames) == ("cell", 1, "print(1)", 3)
+    signature, header, payload = signer.pack(("cell", 2, "print(1)", 3))
+    assert verifier.unpack([signature, header, payload.replace(b"print", b"input")]) is None
+    assert verifier.unpack([signature, header.replace(b"notebook", b"rank/0/inbox"), payload]) is None
+    assert wire.Verifier(b"x" * 32).unpack(signer.pack(("cell",))) is None
+    assert verifier.unpack([payload]) is None
+    assert verifier.rejected == {"unsigned": 2, "malformed": 1}
+
+
+def test_a_replayed_or_reordered_message_is_dropped_and_each_sender_is_numbered_apart():
+    notebook, rank = wire.Signer(KEY, "notebook"), wire.Signer(KEY, "rank/1/outbox")
+    verifier = wire.Verifier(KEY)
+    first, second, third = (notebook.pack(("cell", n)) for n in (1, 2, 3))
+    assert verifier.unpack(first) == ("cell", 1)
+    assert verifier.unpack(first) is None  # the same message again
+    assert verifier.unpack(third) == ("cell", 3)
+    assert verifier.unpack(second) is None  # older than the last taken: reordered
+    assert verifier.unpack(rank.pack(("out", 1))) == ("out", 1)  # another sender counts on its own
+    assert verifier.rejected == {"replayed": 2}
+
+
+def test_a_peer_of_another_protocol_version_is_named_at_the_handshake(monkeypatch):
+    channel = Channel(secret=b"session key")
+    try:
+        peer = zmq.Context.instance().socket(zmq.DEALER)
+        peer.connect(channel.cells_url)
+        monkeypatch.setattr(wire, "PROTOCOL", wire.PROTOCOL + 1)  # what a newer mpinb on a rank's host sends
+        peer.send_multipart(wire.Signer(channel.key, "rank/3/inbox").pack(("hello", 3, "stacks")))
+        monkeypatch.undo()
+        with pytest.raises(wire.ProtocolMismatch, match=r"rank 3 speaks the cell channel's protocol mpinb/3, "
+                                                        r"this notebook mpinb/2: install the same mpinb"):
+            channel.wait_for_ranks([3], timeout=30)
+        peer.close()
+    finally:
+        channel.close()
 
 
 def test_the_channel_key_is_derived_from_the_session_key_and_a_salt():
@@ -21,6 +56,35 @@ def test_the_channel_key_is_derived_from_the_session_key_and_a_salt():
     assert secret not in key and salt not in key
     with pytest.raises(ValueError, match="no key"):
         wire.derive_key(b"", salt)
+
+
+def test_off_loopback_only_a_holder_of_the_key_can_talk_to_the_channel():
+    """Listening on every interface, the channel is a CurveZMQ server whose key pair is derived from the channel
+    key: a client that derives it gets through, one that does not (wrong key, or no encryption) never does."""
+    channel = Channel("0.0.0.0", secret=b"session key")
+    assert channel.encrypt and not Channel(secret=b"session key").encrypt
+    context = zmq.Context.instance()
+    monitor = channel.events.get_monitor_socket()
+    try:
+        url = channel.events_url.replace(channel.events_url.split("//")[1].split(":")[0], "127.0.0.1")
+        for name, key in (("stranger", b"w" * 32), ("plain", None), ("rank", channel.key)):
+            push = context.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 0)
+            if key is not None:
+                wire.encrypt_client(push, key)
+            push.connect(url)
+            push.send_multipart(wire.Signer(channel.key, f"rank/0/{name}").pack(("out", 0, 1, "stdout", name)))
+        failed = 0
+        while failed < 2:  # the server refused both strangers' handshakes
+            event = zmq.utils.monitor.recv_monitor_message(monitor)
+            if event["event"] & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+                failed += 1
+        messages = channel.receive(30)
+        assert [m[4] for m in messages] == ["rank"]
+    finally:
+        channel.events.disable_monitor()
+        channel.close()
 
 
 @pytest.mark.mpi

@@ -24,36 +24,44 @@ from . import debug, gather, report, rollcall, runner, stacks, trace_torch, trac
 _agent = None
 
 
-def start(*, cells, events, salt, rank=None, flush_interval=0.05):
+def start(*, cells, events, salt, key=None, encrypt=False, rank=None, flush_interval=0.05):
     """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank.
-    The channel's key is derived from *salt* and the engine's ipyparallel session key (``wire.derive_key``)."""
+    The channel's key is derived from *salt* and the engine's ipyparallel session key (``wire.derive_key``),
+    unless ipyparallel runs CurveZMQ without one and sent *key* encrypted; with *encrypt*, the sockets are
+    CurveZMQ clients of the server key derived from it."""
     global _agent
     from IPython import get_ipython
 
-    key = wire.derive_key(get_ipython().kernel.session.key, salt)
+    key = key or wire.derive_key(get_ipython().kernel.session.key, salt)
     if rank is None:
         from mpi4py import MPI
 
         rank = MPI.COMM_WORLD.rank
     if _agent is not None:
         _agent.close()
-    _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval)
+    _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval,
+                   encrypt=encrypt)
     return rank
 
 
 class Agent:
-    def __init__(self, *, cells, events, key, rank, flush_interval):
+    def __init__(self, *, cells, events, key, rank, flush_interval, encrypt=False):
         from tornado.ioloop import IOLoop
         from zmq.eventloop.zmqstream import ZMQStream
 
         self.key, self.rank = key, rank
+        self.verifier = wire.Verifier(key)
+        # replies are packed here and sent by the outbox in order: a stream of their own
+        self.hello, self.replies = wire.Signer(key, f"rank/{rank}/inbox"), wire.Signer(key, f"rank/{rank}/replies")
         self.arena = None  # shared memory for gathers, made on the first one that needs it
         context = zmq.Context.instance()
         self.inbox = context.socket(zmq.DEALER)
         self.inbox.setsockopt(zmq.IDENTITY, str(rank).encode())
         self.inbox.setsockopt(zmq.LINGER, 0)
+        if encrypt:
+            wire.encrypt_client(self.inbox, key)
         self.inbox.connect(cells)
-        self.outbox = Outbox(context, events, key, rank, flush_interval)
+        self.outbox = Outbox(context, events, key, rank, flush_interval, encrypt)
         report.recorder.sink = self.outbox.metrics
         self.stream = ZMQStream(self.inbox, io_loop=IOLoop.current())
         self.stream.on_recv(self._on_message)
@@ -62,13 +70,13 @@ class Agent:
         tracing.state.mirror_to(stacks.ledger_path(path))
         trace_torch.install_when_imported()
         self.abort_watch = AbortWatch(self.outbox)
-        self.rollcall = rollcall.RollCall(context, cells, key, rank)
+        self.rollcall = rollcall.RollCall(context, cells, key, rank, encrypt=encrypt)
         self.cell_id = None
         debug.install(lambda prompt: self.outbox.put(("ask", self.cell_id, prompt)), rank)
-        self.inbox.send_multipart(wire.pack(key, ("hello", rank, path)))
+        self.inbox.send_multipart(self.hello.pack(("hello", rank, path)))
 
     def _on_message(self, frames):
-        message = wire.unpack(self.key, frames)
+        message = self.verifier.unpack(frames)
         if message is None or message[0] != "cell":
             return
         _, cell_id, code, number, options = message
@@ -139,14 +147,14 @@ class Agent:
     def _pack_reply(self, cell_id, reply, buffers=()):
         """Pickle the reply once, here on the main thread (the next cell cannot change the value meanwhile)."""
         try:
-            return wire.pack(self.key, ("reply", self.rank, cell_id, reply), buffers)
+            return self.replies.pack(("reply", self.rank, cell_id, reply), buffers)
         except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel": send its repr instead
             reply = dict(reply, value=runner.stand_in(reply.get("value")))
             try:
-                return wire.pack(self.key, ("reply", self.rank, cell_id, reply), buffers)
+                return self.replies.pack(("reply", self.rank, cell_id, reply), buffers)
             except Exception as exc:  # noqa: BLE001 - even the stand-in failed: say so rather than stay silent
                 error = runner.describe_error(exc)
-                return wire.pack(self.key, ("reply", self.rank, cell_id, {"error": error}))
+                return self.replies.pack(("reply", self.rank, cell_id, {"error": error}))
 
     def close(self):
         self.stream.close()
@@ -220,9 +228,10 @@ class ChannelStream(io.TextIOBase):
 class Outbox(threading.Thread):
     """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order."""
 
-    def __init__(self, context, address, key, rank, flush_interval):
+    def __init__(self, context, address, key, rank, flush_interval, encrypt=False):
         super().__init__(name="mpinb-outbox", daemon=True)
-        self.key, self.rank = key, rank
+        self.rank = rank
+        self.signer = wire.Signer(key, f"rank/{rank}/outbox")
         self.flush_interval = flush_interval
         self.report_interval = 0.1  # each cell sends the notebook's setting
         self.tracing = None  # the id of the traced cell running, if one is
@@ -230,6 +239,8 @@ class Outbox(threading.Thread):
         self.metrics = report.AgentSink(notify=lambda: self.queue.put("metrics"))
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 1000)
+        if encrypt:
+            wire.encrypt_client(self.socket, key)
         self.socket.connect(address)
         self.start()
 
@@ -303,4 +314,4 @@ class Outbox(threading.Thread):
             self._send(("out", self.rank, cell_id, name, "".join(texts)))
 
     def _send(self, message):
-        self.socket.send_multipart(wire.pack(self.key, message))
+        self.socket.send_multipart(self.signer.pack(message))

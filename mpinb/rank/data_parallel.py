@@ -218,7 +218,8 @@ class GradientAllreducer:
             flat = _wire_buffer(grads, self.compression, slot=("overlap", index), in_place=grads[0] is params[0].grad,
                                 divide_by=self.comm.size if self.average else 1)
         self.flats[index] = flat
-        self.requests.extend(self.comm.Iallreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype)) for _, memory in _chunks(flat))
+        self.requests.extend(self.comm.Iallreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype))
+                             for _, memory in _chunks(flat))
         self.started += 1
 
     def synchronize(self):

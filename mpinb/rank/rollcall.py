@@ -17,14 +17,17 @@ from . import stacks, tracing
 
 
 class RollCall(threading.Thread):
-    def __init__(self, context, address, key, rank, *, every=0.05):
+    def __init__(self, context, address, key, rank, *, every=0.05, encrypt=False):
         super().__init__(name="mpinb-rollcall", daemon=True)
-        self.key, self.rank, self.every = key, rank, every
+        self.rank, self.every = rank, every
+        self.signer, self.verifier = wire.Signer(key, f"rank/{rank}/rollcall"), wire.Verifier(key)
         self.after = 1.0  # each cell sends the notebook's setting
         self.cell = None  # the running cell's id, None between cells
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.IDENTITY, f"rollcall-{rank}".encode())
         self.socket.setsockopt(zmq.LINGER, 0)
+        if encrypt:
+            wire.encrypt_client(self.socket, key)
         self.socket.connect(address)
         self.reported = None  # the wait last reported, so each is reported once
         self.outcomes = queue.SimpleQueue()  # what settling threads report, sent by this thread (it owns the socket)
@@ -43,7 +46,7 @@ class RollCall(threading.Thread):
             while not self.outcomes.empty():
                 self._send(self.outcomes.get())
             if events:
-                message = wire.unpack(self.key, self.socket.recv_multipart())
+                message = self.verifier.unpack(self.socket.recv_multipart())
                 if message is not None and message[0] == "rollcall":
                     self._send(("rollcall", self.rank, self.cell, dict(self.where(), asked=message[1])))
                 elif message is not None and message[0] == "stdin":
@@ -74,7 +77,7 @@ class RollCall(threading.Thread):
 
     def _send(self, message):
         try:
-            self.socket.send_multipart(wire.pack(self.key, message))
+            self.socket.send_multipart(self.signer.pack(message))
         except zmq.ZMQError:
             pass
 
