@@ -45,6 +45,7 @@ class Channel:
         self.poller.register(self.cells, zmq.POLLIN)
         self.poller.register(self.events, zmq.POLLIN)
         self._next_cell = 0
+        self._held = []  # messages that arrived while :meth:`stacks` waited, for the next receive
 
     def wait_for_ranks(self, ranks, timeout):
         """Wait until every rank's agent said hello; raise ``TimeoutError`` naming the silent ones.
@@ -95,16 +96,40 @@ class Channel:
         except zmq.ZMQError:
             pass
 
+    def stacks(self, ranks, number, timeout):
+        """Ask *ranks*' roll-call threads for their main thread's stack: ``{rank: stack}`` of those that answered
+        within *timeout* seconds (``rank/stacks.main_thread_stack``). What else arrives meanwhile is kept for
+        the next :meth:`receive`."""
+        frames = self.signer.pack(("stack", number))
+        for rank in ranks:
+            try:
+                self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        answers, deadline = {}, time.monotonic() + timeout
+        while len(answers) < len(ranks) and time.monotonic() < deadline:
+            for message in self.receive(deadline - time.monotonic(), keep=False):
+                if message[0] == "stack" and message[2] == number and message[1] in ranks:
+                    answers[message[1]] = message[3]
+                else:
+                    self._held.append(message)
+        return answers
+
     def send_stdin(self, rank, line):
         """A line typed at *rank*'s debugger prompt (``None``: end of input)."""
         self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(("stdin", line))])
 
-    def receive(self, timeout):
-        """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires).
+    def receive(self, timeout, *, keep=True):
+        """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires),
+        after those kept while waiting for something else (*keep*).
 
         A reply that came with raw buffers (a gather sent as frames) carries them as ``reply["buffers"]``.
         """
-        messages = []
+        if keep and self._held:
+            messages, self._held = self._held, []
+            timeout = 0
+        else:
+            messages = []
         for sock, _ in self.poller.poll(max(0, int(timeout * 1000))):
             while True:
                 try:

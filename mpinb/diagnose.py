@@ -96,12 +96,13 @@ def _source_line(file, line):
 
 
 def capture_stacks(world, ranks, *, wait=1.5):
-    """``{rank: RankStack}`` for *ranks*, read from faulthandler dumps the ranks write when signalled."""
-    starts, stacks = {}, {}
+    """``{rank: RankStack}`` for *ranks*: read from faulthandler dumps the ranks on this host write when
+    signalled, and asked of the roll-call threads of those on other hosts."""
+    starts, stacks, remote = {}, {}, []
     for rank in ranks:
         who, path = world.identities.get(rank, {}), world.stack_files.get(rank)
         if path is None or not world.on_this_host([rank]) or not os.path.exists(path):
-            stacks[rank] = RankStack(rank, note=f"on {who.get('host', 'another host')}: stack not readable here")
+            remote.append(rank)
             continue
         starts[rank] = os.path.getsize(path)
         try:
@@ -110,6 +111,7 @@ def capture_stacks(world, ranks, *, wait=1.5):
             stacks[rank] = RankStack(rank, note="process gone")
             starts.pop(rank)
     deadline, sizes = time.monotonic() + wait, {}
+    stacks.update(_remote_stacks(world, remote, wait) if remote else {})
     while starts and time.monotonic() < deadline:
         time.sleep(0.03)
         for rank in list(starts):
@@ -121,6 +123,25 @@ def capture_stacks(world, ranks, *, wait=1.5):
     for rank in starts:
         stacks[rank] = RankStack(rank, note="did not answer the stack request")
     return stacks
+
+
+def _remote_stacks(world, ranks, wait):
+    """Stacks of *ranks* (on other hosts) through the cell channel; a rank whose roll-call thread cannot answer
+    (a C call that holds the GIL) is said to be silent, with its host."""
+    global _asked
+    _asked += 1
+    answers = world.channel.stacks(ranks, ("stack", _asked), wait) if world.channel is not None else {}
+    stacks = {}
+    for rank in ranks:
+        host = world.identities.get(rank, {}).get("host", "another host")
+        if rank in answers:
+            stacks[rank] = RankStack(rank, **answers[rank])
+        else:
+            stacks[rank] = RankStack(rank, note=f"on {host}: did not answer the stack request")
+    return stacks
+
+
+_asked = 0
 
 
 def fatal_stack(world, rank):

@@ -7,8 +7,10 @@ side runs on the first host (tests/multihost_driver.py: an IPython shell with mp
 """
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -101,8 +103,8 @@ def test_a_timeout_interrupts_the_ranks_on_other_hosts_and_keeps_the_world(hosts
     assert start["raised"] is None, start
     name, text = stopped["raised"]
     assert name == "RankError", text
-    for ranks, host in (("0-1", hosts.names[1]), ("2-3", hosts.names[2])):
-        assert f"ranks {ranks}: Timeout: still running after 3 s, on {host}" in text, text
+    # their stacks come through the cell channel (the ranks' stack files are on their hosts)
+    assert "ranks 0-3: Timeout: still running after 3 s, blocked in time.sleep(100) at cell line 2" in text, text
     assert after["raised"] is None and after["value"] == {"0": "0", "1": "10", "2": "20", "3": "30"}, after
 
 
@@ -119,12 +121,49 @@ def test_a_host_cut_off_mid_cell_is_named_with_its_ranks_and_the_notebook_goes_o
         ], leftovers=False)
     finally:
         hosts.link_up(2)
+    # the cut-off ranks could not be told to stop: they end on their own (their ssh session is gone, and
+    # ipyparallel's engines give up after 50 missed heartbeat checks)
+    wait_for(lambda: not hosts.pids_on(2), "the cut-off host's processes ending", 150)
     start, pulled, cut, status = result["steps"]
     assert start["raised"] is None and pulled["value"] == "0", (start, pulled)
     name, text = cut["raised"]
     assert name == "RankError" and "Timeout" not in text, text
     assert "stopped answering ipyparallel's heartbeats" in text and hosts.names[2] in text, text
     assert "dead" in status["stdout"] and status["raised"] is None, status
+
+
+def test_the_stop_button_interrupts_ranks_on_other_hosts_in_python_and_in_mpi_and_keeps_the_world(hosts):
+    """The kernel's Stop button is a SIGINT to the notebook's process: sent while ranks on two other hosts run
+    Python, then while rank 0 (host 1) waits in MPI for rank 2 (host 2), which waits for it. Each time every
+    rank is interrupted, said where it was, and the world with its variables stays."""
+    marks = [hosts.dir / f"stop-{n}" for n in range(2)]
+    python = f"import time\nif rank == 3:\n    open({str(marks[0])!r}, 'w').close()\nwhile True:\n    time.sleep(0.05)"
+    mpi = (f"if rank == 0:\n    comm.recv(source=2)\nelif rank == 2:\n    open({str(marks[1])!r}, 'w').close()\n"
+           "    comm.recv(source=0)\nelse:\n    comm.Barrier()")
+    steps = [["line", "start -n 4"], ["cell", "", "kept = rank * 10"], ["cell", "", python], ["cell", "", mpi],
+             ["cell", "", "comm.allreduce(kept)"]]
+    process = hosts.run(0, notebook(hosts, steps), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for mark in marks:
+            wait_for(mark.exists, f"the cell that makes {mark.name} running", 120)
+            time.sleep(0.5)  # let the cell go on into the loop or the wait
+            process.send_signal(signal.SIGINT)  # what the Stop button sends the kernel
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        process.kill()
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, stdout[-3000:] + stderr[-3000:]
+    start, _, in_python, in_mpi, after = json.loads(lines[-1].removeprefix("RESULT "))["steps"]
+    assert start["raised"] is None, start
+    name, text = in_python["raised"]
+    assert name == "Interrupted" and "time.sleep(0.05) at cell line 5" in text, in_python  # a KeyboardInterrupt
+    assert "ranks 0-3: KeyboardInterrupt: interrupted" in text, text
+    name, text = in_mpi["raised"]
+    assert name == "Interrupted", in_mpi
+    assert "blocked in comm.recv(source=2) at cell line 2" in text and "comm.recv(source=0)" in text, text
+    assert after["raised"] is None and after["value"] == {str(r): "60" for r in range(4)}, after
+    for i in range(hosts.n):
+        assert hosts.pids_on(i) == [], f"processes left on {hosts.names[i]}"
 
 
 def test_a_killed_notebook_leaves_no_process_on_any_host(hosts):

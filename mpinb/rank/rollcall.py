@@ -4,7 +4,9 @@ The thread owns a socket of its own to the notebook's cell channel (the rank's m
 MPI, where mpi4py releases the GIL, so this thread runs). When the main thread has waited in one collective
 longer than ``after`` seconds, it sends ``("waiting", rank, cell, where)`` once; when the notebook asks
 (``"rollcall"``), it answers ``("rollcall", rank, cell, where)`` at once, ``where`` being
-:meth:`mpinb.rank.tracing.State.where` plus the file the running cell was compiled as.
+:meth:`mpinb.rank.tracing.State.where` plus the file the running cell was compiled as. Asked for the main
+thread's Python stack (``"stack"``, for a rank on another host, whose stack file the notebook cannot read), it
+answers ``("stack", rank, number, stack)`` (``stacks.main_thread_stack``).
 """
 
 import queue
@@ -53,6 +55,8 @@ class RollCall(threading.Thread):
                     from . import debug
 
                     debug.answer(message[1])
+                elif message is not None and message[0] == "stack":
+                    self._send(("stack", self.rank, message[1], stacks.main_thread_stack()))
                 elif message is not None and message[0] == "settle":
                     # in a thread of its own: a step that blocks must not silence the roll call
                     threading.Thread(target=self._settle, args=message[1:], name="mpinb-settle", daemon=True).start()

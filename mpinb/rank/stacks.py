@@ -154,3 +154,18 @@ def remove():
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+def main_thread_stack():
+    """The main thread's stack as faulthandler would dump it, read from another thread (it runs while the main
+    thread waits in MPI, which releases the GIL): ``{"frames": [(file, line, function), ...] most recent first,
+    "cell_file": ..., "cells": {file: "N"}}``."""
+    import sys
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    frames = []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return {"frames": frames, "cell_file": current_cell_file,
+            "cells": {file: str(number) for file, number in cell_numbers.items()}}
