@@ -146,7 +146,7 @@ class World:
         self.engines = {}  # rank -> engine id
         self.identities = {}  # rank -> {"rank", "size", "host", "pid", "mpi"}
         self.started_at = None
-        self.receiver = None  # readers of the ranks' shared-memory arenas (--gather)
+        self.receiver = None  # the notebook's end of the ranks' shared-memory segments (--gather)
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
         self._reaper = None

@@ -94,6 +94,9 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     if dead:
         raise MPIError(f"{label_ranks(dead)} of this world died earlier, so it cannot run cells: {RESTART}")
     channel = world.channel
+    released = world.receiver.take_released() if world.receiver is not None else {}
+    if released:  # the segments whose gathered values were all dropped: the ranks may write there again
+        options = dict(options or {}, released=released)
     cell_id = channel.send_cell(ranks, code, number, options)
     replies = {}
     interrupted = give_up_at = first_failure = death_seen = None

@@ -1,16 +1,17 @@
-"""``%%mpi --gather``, notebook side: rebuild every rank's values from its arena or frames, and say what is missing."""
+"""``%%mpi --gather``, notebook side: rebuild every rank's values from shared memory or frames; say what is missing."""
 
 import pickle
 
 from .ranks import format_ranks, label_ranks
-from .shm import ArenaReader
+from .shm import Segments
 
 
 class Receiver:
-    """One world's readers of its ranks' shared-memory arenas (opened on first use, then kept)."""
+    """One world's end of its ranks' shared-memory segments (``shm.py``): values gathered through them are
+    views of them, and the segments they hold stay lent until they are dropped."""
 
     def __init__(self):
-        self.readers = {}  # rank -> (path, ArenaReader)
+        self.segments = Segments()
 
     def unpack(self, rank, gathered, buffers):
         """``{rank: {name: ("value", value, stats) | ("error", message, None)}}`` from one rank's reply: its
@@ -30,8 +31,9 @@ class Receiver:
     def _unpack_items(self, rank, gathered, buffers):
         items = gathered["items"]
         sizes = [size for item in items.values() if "pickle" in item for size in item["sizes"]]
+        self.segments.forget(rank, gathered.get("dropped", ()))
         if gathered["transport"] == "shm":
-            buffers = self._reader(rank, gathered["path"]).read(gathered["offsets"], sizes)
+            buffers = self.segments.views(rank, gathered["path"], gathered["lease"], gathered["offsets"], sizes)
         elif buffers:
             # the frames are zmq's memory: copy into numpy arrays the values can own
             import numpy as np
@@ -51,18 +53,13 @@ class Receiver:
                                       f"({type(exc).__name__}: {exc})", None)
         return out
 
-    def _reader(self, rank, path):
-        known = self.readers.get(rank)
-        if known is None or known[0] != path:
-            if known is not None:
-                known[1].close()
-            known = self.readers[rank] = (path, ArenaReader(path))
-        return known[1]
+    def take_released(self):
+        """``{rank: [lease, ...]}`` of segments whose values were all dropped since the last call: the next cell
+        tells the ranks, which may then write there again."""
+        return self.segments.take_released()
 
     def close(self):
-        for _, reader in self.readers.values():
-            reader.close()
-        self.readers.clear()
+        self.segments.close()
 
 
 def missing_message(name, errors, have):

@@ -389,8 +389,13 @@ class MPIMagics(Magics):
             print(f"[mpinb] {note}", file=sys.stderr)
         if gather and inspect and result.gathered:
             self._show_inspector(result)
-        result.raise_for_errors(notes=self._recover(result))
-        result.raise_for_gather_errors()
+        try:
+            result.raise_for_errors(notes=self._recover(result))
+            result.raise_for_gather_errors()
+        finally:
+            # the values are the user's now: held here too (self.last), they would keep the ranks' shared
+            # memory they are views of after the user dropped them
+            result.gathered = {name: None for name in result.gathered}
         return result
 
     def _recover(self, result):

@@ -1,26 +1,35 @@
-"""Shared-memory arenas: how a rank on the notebook's host hands gathered bytes over with one copy on each side.
+"""Shared-memory segments: how a rank on the notebook's host hands gathered bytes over with one copy, its own.
 
-Each rank keeps one arena, a file in ``/dev/shm`` mapped with its pages already allocated, grown when a gather
-needs more and reused afterwards (allocating fresh shared pages costs more than copying into them). The rank
-copies its buffers in; the notebook copies them out into ordinary (numpy) memory before the next cell can
-reuse the arena. The notebook unlinks the file's name as soon as it has it open, so nothing is left in
-``/dev/shm`` whatever happens to either side later.
+A rank writes a gather's buffers into a segment, a file in ``/dev/shm`` mapped with its pages already
+allocated. The notebook maps the same file copy-on-write and rebuilds the values on it: the arrays and tensors
+it gives the user *are* views of the segment (writable; what the user writes stays in the notebook). A segment
+is lent to the notebook until every value on it is dropped; the notebook then says so with the next cell and
+the rank may write a later gather there. Until then later gathers go to other segments, so a value never
+changes behind the user's back. The rank keeps a few free segments warm (fresh shared pages cost more to touch
+than to copy into) and drops the rest, telling the notebook, which closes its handle so their memory goes back.
+
+The notebook unlinks a segment's name as soon as it has it open, so nothing is left in ``/dev/shm`` whatever
+happens to either side later.
 """
 
+import collections
+import itertools
 import mmap
 import os
 import secrets
 import tempfile
+import weakref
 
 import numpy as np
 
 ALIGN = 64
 GROWTH = 1.25
 PAGE = 2 << 20
+KEEP_FREE = 2  # free segments a rank keeps for later gathers
 
 
 def shm_dir():
-    """``/dev/shm`` where it exists and is writable, else the temporary directory (still one copy each side)."""
+    """``/dev/shm`` where it exists and is writable, else the temporary directory (still one copy)."""
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
@@ -33,8 +42,16 @@ def layout(sizes):
     return offsets, end
 
 
-class Arena:
-    """The rank's end: a shared file it writes gathered buffers into."""
+def unlink_quietly(path):
+    """Remove *path*; one already gone is fine."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class Segment:
+    """The rank's end of one shared file it writes gathered buffers into."""
 
     def __init__(self, directory=None):
         self.path = os.path.join(directory or shm_dir(), f"mpinb-{os.getpid()}-{secrets.token_hex(6)}")
@@ -42,7 +59,7 @@ class Arena:
         self.size, self.map = 0, None
 
     def write(self, buffers):
-        """Copy *buffers* in; return their offsets. ``OSError`` (no space) leaves the arena as it was."""
+        """Copy *buffers* in; return their offsets. ``OSError`` (no space) leaves the segment as it was."""
         offsets, total = layout([b.nbytes for b in buffers])
         if total > self.size:
             self._grow(total)
@@ -64,59 +81,102 @@ class Arena:
             self.map.close()
             self.map = None
         os.close(self.fd)
+        unlink_quietly(self.path)  # the notebook has usually unlinked it already
+
+
+class Pool:
+    """A rank's segments: those lent to the notebook (by lease number) and those free for the next gather."""
+
+    def __init__(self, directory=None):
+        self.directory = directory
+        self.free, self.lent = [], {}
+        self.dropped = []  # paths of segments closed since the last gather, for the notebook to let go of
+        self._leases = itertools.count(1)
+
+    def write(self, buffers):
+        """Write *buffers* into a free segment (or a new one) and lend it: ``(lease, path, offsets)``."""
+        total = layout([b.nbytes for b in buffers])[1]
+        fitting = [segment for segment in self.free if segment.size >= total]
+        segment = min(fitting, key=lambda s: s.size) if fitting else \
+            max(self.free, key=lambda s: s.size, default=None)  # the largest grows least
+        if segment is None:
+            segment = Segment(self.directory)
+        else:
+            self.free.remove(segment)
         try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass  # the notebook already unlinked it
+            offsets = segment.write(buffers)
+        except OSError:
+            self._drop(segment)
+            raise
+        lease = next(self._leases)
+        self.lent[lease] = segment
+        return lease, segment.path, offsets
 
+    def release(self, leases):
+        """The notebook let go of the values on these leases' segments: free them, keeping ``KEEP_FREE``."""
+        for lease in leases:
+            segment = self.lent.pop(lease, None)
+            if segment is not None:
+                self.free.append(segment)
+        self.free.sort(key=lambda s: s.size, reverse=True)
+        while len(self.free) > KEEP_FREE:
+            self._drop(self.free.pop())
 
-PARALLEL_COPY = 8 << 20  # bytes from which a copy is split across threads (numpy releases the GIL)
-_pool = None
+    def take_dropped(self):
+        dropped, self.dropped = self.dropped, []
+        return dropped
 
-
-def _copy(source):
-    """A fresh copy of a byte array; big ones copied by several threads (1.5× on 2 cores, measured)."""
-    global _pool
-    workers = min(4, os.cpu_count() or 1)
-    if source.nbytes < PARALLEL_COPY or workers == 1:
-        return source.copy()
-    if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(workers, thread_name_prefix="mpinb-copy")
-    target = np.empty_like(source)
-    step = -(-source.nbytes // workers)
-    parts = [slice(start, start + step) for start in range(0, source.nbytes, step)]
-    for done in [_pool.submit(np.copyto, target[part], source[part]) for part in parts]:
-        done.result()
-    return target
-
-
-class ArenaReader:
-    """The notebook's end of one rank's arena."""
-
-    def __init__(self, path):
-        self.fd = os.open(path, os.O_RDONLY)
-        os.unlink(path)
-
-    def read(self, offsets, sizes):
-        """Copies of the buffers at *offsets* as fresh, writable numpy byte arrays.
-
-        The arena is mapped only while it is read: a mapping kept between gathers held the notebook's share of
-        every arena's pages besides the copies (a 1 GiB gather from 2 ranks grew the kernel by 4 GB, not 2).
-        """
-        size = os.fstat(self.fd).st_size
-        if size == 0:
-            return [np.empty(0, dtype=np.uint8) for _ in sizes]
-        mapped = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                           prot=mmap.PROT_READ)
-        try:
-            source = np.frombuffer(mapped, dtype=np.uint8)
-            copies = [_copy(source[offset:offset + n]) for offset, n in zip(offsets, sizes)]
-            del source
-        finally:
-            mapped.close()
-        return copies
+    def _drop(self, segment):
+        segment.close()
+        self.dropped.append(segment.path)
 
     def close(self):
-        os.close(self.fd)
+        for segment in [*self.free, *self.lent.values()]:
+            segment.close()
+        self.free, self.lent = [], {}
+
+
+class Segments:
+    """The notebook's end of one world's segments: a handle on each (its name unlinked at once), and the values
+    rebuilt on them; ``released`` collects ``(rank, lease)`` of segments whose values were all dropped."""
+
+    def __init__(self):
+        self.files = {}  # (rank, path) -> fd
+        self.released = collections.deque()
+
+    def views(self, rank, path, lease, offsets, sizes):
+        """Writable (copy-on-write) byte arrays on the segment at *path*, one per buffer. When the last array
+        on this mapping (or anything built on one) is dropped, ``(rank, lease)`` joins ``released``."""
+        fd = self.files.get((rank, path))
+        if fd is None:
+            fd = self.files[(rank, path)] = os.open(path, os.O_RDONLY)
+            unlink_quietly(path)
+        size = os.fstat(fd).st_size
+        if size == 0 or not sizes:
+            self.released.append((rank, lease))
+            return [np.empty(0, dtype=np.uint8) for _ in sizes]
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        whole = np.frombuffer(mapped, dtype=np.uint8)
+        del mapped  # the array keeps the mapping; it is unmapped when the array goes
+        weakref.finalize(whole, self.released.append, (rank, lease))
+        return [whole[offset:offset + n] for offset, n in zip(offsets, sizes)]
+
+    def take_released(self):
+        """``{rank: [lease, ...]}`` released since the last call."""
+        by_rank = {}
+        while self.released:
+            rank, lease = self.released.popleft()
+            by_rank.setdefault(rank, []).append(lease)
+        return by_rank
+
+    def forget(self, rank, paths):
+        """The rank closed the segments at *paths*: close the handles that kept their memory."""
+        for path in paths:
+            fd = self.files.pop((rank, path), None)
+            if fd is not None:
+                os.close(fd)
+
+    def close(self):
+        for fd in self.files.values():
+            os.close(fd)
+        self.files.clear()

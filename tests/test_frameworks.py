@@ -146,14 +146,15 @@ if rank == 1:
 """
 
 
-def test_bfloat16_from_jax_and_tensorflow_gets_real_statistics(tf, jax, world_of, magics, mpi, capsys):
+def test_bfloat16_from_jax_and_tensorflow_gets_real_statistics(tf, jax, world_of, magics, mpi, ip, capsys):
     world_of(2)
     mpi(BFLOAT16, line="--gather jx tx")
     text = capsys.readouterr().out
     assert "jx: differs on rank 1 (max |Δ| nan); NaN/Inf on rank 1" in text
     assert "tx: differs on rank 1 (max |Δ| 0.75)" in text
     result = magics.last
-    reports = {r.label: r for r in inspect_gathered(result.gathered, result.gather_stats)}
+    gathered = {name: ip.user_ns[name] for name in result.gathered}  # the values went to the namespace
+    reports = {r.label: r for r in inspect_gathered(gathered, result.gather_stats)}
     for label in ("jx", "tx"):
         stats = reports[label].stats[0]
         assert stats["dtype"] == "bfloat16" and stats["shape"] == (9,)

@@ -298,7 +298,7 @@ if rank == 2:
 """
 
 
-def test_inspector_verdicts_on_planted_cases(world_of, magics, mpi, capsys):
+def test_inspector_verdicts_on_planted_cases(world_of, magics, mpi, ip, capsys):
     world_of(4)
     mpi(PLANTED, line="--gather same perturbed nan")
     text = capsys.readouterr().out
@@ -306,7 +306,8 @@ def test_inspector_verdicts_on_planted_cases(world_of, magics, mpi, capsys):
     assert "perturbed: differs on ranks 1, 3 (max |Δ| 0.001)" in text
     assert "nan: differs on rank 2 (max |Δ| nan); NaN/Inf on rank 2" in text
     result = magics.last
-    reports = {r.label: r for r in inspect_gathered(result.gathered, result.gather_stats)}
+    gathered = {name: ip.user_ns[name] for name in result.gathered}  # the values went to the namespace
+    reports = {r.label: r for r in inspect_gathered(gathered, result.gather_stats)}
     assert reports["same"].identical and reports["perturbed"].differing == [1, 3]
     assert reports["perturbed"].diff[1] == pytest.approx(1e-3, rel=1e-3) and reports["perturbed"].diff[2] == 0.0
     assert reports["nan"].stats[2]["nan"] == 1 and reports["nan"].stats[0]["nan"] == 0

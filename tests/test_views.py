@@ -71,12 +71,12 @@ def test_heatmap_shows_nan_norms_grey_with_a_colour_bar(world_of, magics, mpi, c
     assert widget.histogram.title.endswith("nothing finite to draw")
 
 
-def test_an_all_nan_tensor_says_nan_and_all_nan(world_of, magics, mpi, capsys):
+def test_an_all_nan_tensor_says_nan_and_all_nan(world_of, magics, mpi, ip, capsys):
     world_of(2)
     mpi("import torch\nallnan = torch.full((50,), float('nan'))", line="--gather allnan")
     text = capsys.readouterr().out
     result = magics.last
-    (report,) = inspect_gathered(result.gathered, result.gather_stats)
+    (report,) = inspect_gathered({"allnan": ip.user_ns["allnan"]}, result.gather_stats)
     assert report.verdict == "all NaN on every rank" and report.identical
     assert "allnan: all NaN on every rank" in text
     for cells in rows(report).values():

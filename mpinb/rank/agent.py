@@ -53,7 +53,7 @@ class Agent:
         self.verifier = wire.Verifier(key)
         # replies are packed here and sent by the outbox in order: a stream of their own
         self.hello, self.replies = wire.Signer(key, f"rank/{rank}/inbox"), wire.Signer(key, f"rank/{rank}/replies")
-        self.arena = None  # shared memory for gathers, made on the first one that needs it
+        self.segments = None  # shared memory for gathers (shm.Pool), made on the first one that needs it
         context = zmq.Context.instance()
         self.inbox = context.socket(zmq.DEALER)
         self.inbox.setsockopt(zmq.IDENTITY, str(rank).encode())
@@ -80,6 +80,8 @@ class Agent:
         if message is None or message[0] != "cell":
             return
         _, cell_id, code, number, options = message
+        if self.segments is not None and self.rank in options.get("released", {}):
+            self.segments.release(options["released"][self.rank])
         self.outbox.report_interval = options.get("report_interval", self.outbox.report_interval)
         self.rollcall.after = options.get("collective_wait", self.rollcall.after)
         self.rollcall.cell = self.cell_id = cell_id
@@ -114,19 +116,23 @@ class Agent:
         self.outbox.put(("packed", self._pack_reply(cell_id, reply, buffers)))
 
     def _gather(self, names, options):
-        """Pack *names* for the notebook: into the shared-memory arena when asked, else as raw frames."""
+        """Pack *names* for the notebook: into a shared-memory segment when asked, else as raw frames."""
         items, buffers = gather.collect(names, runner.user_namespace(), stats=options.get("stats", True))
         if options.get("transport") == "mpi":
             return self._gather_over_mpi(items, buffers, options.get("root", 0))
+        dropped = self.segments.take_dropped() if self.segments is not None else []
         if options.get("transport") == "shm" and buffers:
             try:
-                if self.arena is None:
-                    self.arena = shm.Arena()
-                offsets = self.arena.write(buffers)
-                return {"items": items, "transport": "shm", "path": self.arena.path, "offsets": offsets}, []
+                if self.segments is None:
+                    self.segments = shm.Pool()
+                lease, path, offsets = self.segments.write(buffers)
+                return {"items": items, "transport": "shm", "path": path, "lease": lease, "offsets": offsets,
+                        "dropped": dropped + self.segments.take_dropped()}, []
             except OSError as exc:  # no shared memory, or not enough: the channel always works
-                return {"items": items, "transport": "frames", "note": f"shared memory failed ({exc})"}, buffers
-        return {"items": items, "transport": "frames"}, buffers
+                dropped += self.segments.take_dropped()
+                return {"items": items, "transport": "frames", "note": f"shared memory failed ({exc})",
+                        "dropped": dropped}, buffers
+        return {"items": items, "transport": "frames", "dropped": dropped}, buffers
 
     def _gather_over_mpi(self, items, buffers, root):
         """Every rank's packed values to *root* by one MPI gather (pickle 5, buffers out of band); *root* sends
@@ -160,8 +166,8 @@ class Agent:
         self.stream.close()
         self.rollcall.close()
         self.outbox.close()
-        if self.arena is not None:
-            self.arena.close()
+        if self.segments is not None:
+            self.segments.close()
 
 
 class AbortWatch(threading.Thread):
