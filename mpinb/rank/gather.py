@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 HISTOGRAM_BINS = 30
-HISTOGRAM_SAMPLE = 1 << 18  # values a histogram is drawn from at most (an evenly strided sample)
+HISTOGRAM_SAMPLE = 1 << 16  # values a histogram is drawn from at most (an evenly strided sample)
 _RAW = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}  # a dtype travelling as raw bytes is viewed as these
 
 
@@ -270,21 +270,33 @@ def leaf_stats(array, dtype, device):
     if array.size == 0 or array.dtype.kind not in "biuf":
         return stats
     values = array.astype(np.float64, copy=False) if array.dtype.kind in "biu" else array
-    finite = np.isfinite(values)
-    all_finite = bool(finite.all())
-    stats["nan"] = 0 if all_finite else int(np.isnan(values).sum())
-    stats["inf"] = 0 if all_finite else int(np.isinf(values).sum())
-    if not all_finite:
+    low, high = float(values.min()), float(values.max())  # a NaN anywhere makes both NaN
+    if math.isfinite(low) and math.isfinite(high):  # the common case, without a pass to find the non-finite
+        stats["nan"] = stats["inf"] = 0
+    else:
+        finite = np.isfinite(values)
+        stats["nan"], stats["inf"] = int(np.isnan(values).sum()), int(np.isinf(values).sum())
         values = values[finite]
-    if values.size == 0:
-        return stats
-    low, high = float(values.min()), float(values.max())
+        if values.size == 0:
+            return stats
+        low, high = float(values.min()), float(values.max())
     with np.errstate(over="ignore"):
         stats.update(min=low, max=high, mean=float(values.mean()), norm=float(np.linalg.norm(values.ravel())))
     if math.isfinite(low) and math.isfinite(high):
         flat = values.ravel()
         stride = -(-flat.size // HISTOGRAM_SAMPLE)
-        counts, edges = np.histogram(flat[::stride], bins=HISTOGRAM_BINS, range=(low, high) if high > low else None)
-        stats["histogram"] = (counts.tolist(), edges.tolist())
+        stats["histogram"] = _histogram(flat[::stride], low, high)
         stats["histogram_stride"] = stride
     return stats
+
+
+def _histogram(sample, low, high):
+    """``(counts, edges)`` of *sample* in :data:`HISTOGRAM_BINS` equal bins from *low* to *high*, the maximum in
+    the last; by ``bincount`` on the bin indices (np.histogram's general path took 2x as long)."""
+    if high <= low:
+        counts, edges = np.histogram(sample, bins=HISTOGRAM_BINS)
+        return counts.tolist(), edges.tolist()
+    index = ((sample.astype(np.float64) - low) * (HISTOGRAM_BINS / (high - low))).astype(np.intp)
+    np.clip(index, 0, HISTOGRAM_BINS - 1, out=index)
+    counts = np.bincount(index, minlength=HISTOGRAM_BINS)
+    return counts.tolist(), np.linspace(low, high, HISTOGRAM_BINS + 1).tolist()

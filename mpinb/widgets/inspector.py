@@ -101,20 +101,38 @@ def _compare(report, leaves):
     first = leaves[ranks[0]]
     reference = _as_numpy(first)
     report.diff[ranks[0]] = 0.0
+    outcomes = {}
     for rank in ranks[1:]:
         leaf = leaves[rank]
         array = _as_numpy(leaf)
         if reference is None or array is None:
             same = _same_scalar(leaf, first)
-            report.diff[rank] = 0.0 if same else _scalar_diff(leaf, first)
+            outcomes[rank] = (same, 0.0 if same else _scalar_diff(leaf, first))
         elif array.shape != reference.shape or array.dtype != reference.dtype:
-            same = False
-            report.diff[rank] = math.inf
+            outcomes[rank] = (False, math.inf)
+        elif array.nbytes >= PARALLEL_BYTES:  # numpy releases the GIL: compare ranks on every core
+            outcomes[rank] = _pool().submit(_difference, array, reference)
         else:
-            same, report.diff[rank] = _difference(array, reference)
+            outcomes[rank] = _difference(array, reference)
+    for rank, outcome in outcomes.items():
+        same, report.diff[rank] = outcome.result() if hasattr(outcome, "result") else outcome
         if not same:
             report.differing.append(rank)
     report.verdict = verdict(report)
+
+
+PARALLEL_BYTES = 4 << 20
+_threads = None
+
+
+def _pool():
+    global _threads
+    if _threads is None:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        _threads = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="mpinb-compare")
+    return _threads
 
 
 def _same_scalar(a, b):
