@@ -361,7 +361,17 @@ class World:
         if remote and self.client is not None:
             registered = set(self.client.ids)  # reads the hub's unregistration notices first
             dead += [rank for rank in remote if self.engines[rank] not in registered]
+        self._checked = (time.monotonic(), set(ranks), set(dead))
         return sorted(dead)
+
+    def dead_ranks_lately(self, ranks=None, within=0.5):
+        """:meth:`dead_ranks`, or what it found less than *within* seconds ago (cells run back to back do not
+        read every rank's process state each time; a rank dying meanwhile is found by the cell's own checks)."""
+        ranks = self.ranks if ranks is None else list(ranks)
+        when, checked, dead = getattr(self, "_checked", (None, set(), set()))
+        if when is not None and time.monotonic() - when < within and checked.issuperset(ranks) and not dead:
+            return []
+        return self.dead_ranks(ranks)
 
     def is_remote(self, rank):
         """Whether *rank* runs on another host than the notebook's."""

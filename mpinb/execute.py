@@ -90,7 +90,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     printer = printer or RankPrinter()
     result = CellResult(ranks=ranks, stdout={r: "" for r in ranks}, stderr={r: "" for r in ranks})
     started = time.perf_counter()
-    dead = world.dead_ranks(ranks)
+    dead = world.dead_ranks_lately(ranks, within=liveness_every)
     if dead:
         raise MPIError(f"{label_ranks(dead)} of this world died earlier, so it cannot run cells: {RESTART}")
     channel = world.channel

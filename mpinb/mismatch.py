@@ -40,6 +40,7 @@ class MismatchWatch:
         self.next_call = None  # when to call the roll again
         self.calls = 0
         self.verdict = None
+        self.started_ns = time.perf_counter_ns()  # no collective of this cell can have waited longer
 
     def feed(self, message, now=None):
         """A ``waiting`` or ``rollcall`` message from a rank's roll-call thread."""
@@ -82,6 +83,8 @@ class MismatchWatch:
         if self.world is None:
             return False
         limit = time.perf_counter_ns() - self.after * 1e9
+        if limit < self.started_ns:
+            return False
         for rank in self.ranks:
             mirror = None if rank in replies else mirror_of(self.world, rank)
             if mirror is not None and not mirror["raised"] and mirror["start_ns"] <= limit:

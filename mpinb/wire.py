@@ -1,9 +1,11 @@
 """The cell channel's message format, shared by notebook and ranks: pickled messages signed with HMAC-SHA256,
 numbered per sender, and encrypted with CurveZMQ when the channel listens off loopback.
 
-A message is ``[signature, header, payload, *buffers]``. The header says the protocol version, who sent it and
-its number in that sender's stream; the header, the payload and the number and lengths of the raw buffers
-(gathered array bytes, only ever read as array contents, never unpickled) are signed. A receiver drops unread a
+A message is ``[head, *buffers]``, its head the signature (32 bytes), the header's length (2 bytes), the header
+and the pickled payload, in one frame (a frame costs a send and a receive of its own). The header says the
+protocol version, who sent it and its number in that sender's stream; the header, the payload and the number
+and lengths of the raw buffers (gathered array bytes, only ever read as array contents, never unpickled) are
+signed. A receiver drops unread a
 message that is not signed with the world's key, and one whose number is not above the last it took from that
 sender, so a captured message replayed or reordered is never acted on, and no other user can run code on the
 ranks or feed pickles to the notebook.
@@ -18,6 +20,7 @@ from collections import Counter
 import zmq
 from zmq.utils import z85
 
+SIGNATURE = 32  # bytes of HMAC-SHA256
 PROTOCOL = 2  # raise it when a message's layout or meaning changes: notebook and ranks must agree
 
 
@@ -69,7 +72,9 @@ class Signer:
     def pack(self, message, buffers=()):
         header = b"mpinb/%d %s %d" % (PROTOCOL, self.sender, next(self._numbers))
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        return [_sign(self.key, header, payload, buffers), header, payload, *buffers]
+        head = b"".join((_sign(self.key, header, payload, buffers), len(header).to_bytes(2, "little"), header,
+                         payload))
+        return [head, *buffers]
 
 
 class Verifier:
@@ -92,10 +97,14 @@ class Verifier:
 
         A message of another protocol version is dropped too, and ``mismatch`` says who sent it (the handshake
         raises it as :class:`ProtocolMismatch`)."""
-        if len(frames) < 3:
+        if not frames:
             self.rejected["malformed"] += 1
             return None
-        signature, header, payload, *buffers = (_bytes(frame) for frame in frames)
+        head, *buffers = (_bytes(frame) for frame in frames)
+        head = memoryview(head)
+        size = int.from_bytes(head[SIGNATURE:SIGNATURE + 2], "little")
+        signature, header, payload = head[:SIGNATURE], head[SIGNATURE + 2:SIGNATURE + 2 + size], \
+            head[SIGNATURE + 2 + size:]
         try:
             version, sender, number = bytes(header).split(b" ")
             number = int(number)
