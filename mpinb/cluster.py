@@ -199,8 +199,12 @@ class World:
         local = not self.placement.batch and not self.placement.hostfile
         arguments = mpi.launcher_args(self.size, local=local, forward=sorted(environment)) + self.mpiexec_args
         # each rank runs its engine under a parent that records how it ended (rank/launch.py)
+        # ipyparallel's nanny (a process per engine, a quarter of a second of CPU each to start) signals ranks on
+        # other hosts; ranks on this one are signalled by pid
         engines = self.placement.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
-                                           engine_cmd=[sys.executable, "-m", "mpinb.rank.launch"],
+                                           engine_cmd=[sys.executable, "-m", "mpinb.rank.launch",
+                                                       f"--IPEngine.enable_nanny={not local}",
+                                                       f"--IPEngine.wait_for_url_file={self.start_timeout:g}"],
                                            environment=environment, workdir=self.status_dir)
         self.cluster = ipp.Cluster(
             engines=engines,
@@ -212,6 +216,10 @@ class World:
                              # encrypted too, as the cell channel is
                              f"--IPController.enable_curve={not self.loopback}"],
             delay=0,
+            # on this host, the ranks start while the controller does (they wait for its connection file)
+            # rather than after it wrote the file, which ipyparallel otherwise waits for to pass it in their
+            # environment
+            send_engines_connection_env=not local,
             shutdown_atexit=False,
             cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
             log_level=logging.WARNING,

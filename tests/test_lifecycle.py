@@ -25,7 +25,7 @@ def test_one_process_per_rank_and_stop_leaves_nothing(ip, magics, world_of, caps
     processes = world_processes(world)
     names = sorted(p.name() for p in processes)
     assert names.count("mpiexec") == 1 and names.count("hydra_pmi_proxy") == 1
-    engines = [p for p in processes if p.cmdline()[-2:] == ["ipyparallel.engine", "--mpi"] and p.name() != "mpiexec"]
+    engines = [p for p in processes if p.cmdline()[1:3] == ["-m", "ipyparallel.engine"] and p.name() != "mpiexec"]
     assert sorted(p.pid for p in engines) == sorted(world.identities[r]["pid"] for r in world.ranks)
     ip.run_line_magic("mpi", "stop")
     assert "stopped" in capsys.readouterr().out
