@@ -607,11 +607,16 @@ class World:
         """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""
         files = set()
         for process in self._processes if processes is None else processes:
-            try:
-                maps = process.memory_maps()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
+            try:  # /proc/PID/maps, not psutil's memory_maps(), which reads smaps: 30 ms a rank
+                with open(f"/proc/{process.pid}/maps") as maps:
+                    lines = maps.read().splitlines()
+            except OSError:
                 continue
-            files.update(m.path for m in maps if m.path.startswith("/dev/shm/") and not m.path.endswith("(deleted)"))
+            for line in lines:
+                fields = line.split(None, 5)  # address perms offset device inode [path]
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                    files.add(path)
         return files
 
     def _remove_shared_files(self):
