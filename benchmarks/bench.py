@@ -48,6 +48,25 @@ from traitlets.config import Config
 from mpinb.mpis import default_mpiexec
 
 
+class Sample(list):
+    """Repeated timings of one arm: the median, and half the interquartile range as its spread."""
+
+    @property
+    def median(self):
+        return statistics.median(self)
+
+    @property
+    def spread(self):
+        if len(self) < 2:
+            return 0.0
+        quartiles = statistics.quantiles(self, n=4)
+        return (quartiles[2] - quartiles[0]) / 2
+
+
+def _value(x):
+    return x.median if isinstance(x, Sample) else x
+
+
 def clock(fn):
     tic = time.perf_counter()
     fn()
@@ -68,7 +87,7 @@ def round_trip(ip, magics, size, reps):
         ours.append(clock(mpinb_cell))
         anchor.append(clock(px_cell))
     ip.run_line_magic("mpi", "stop")
-    return statistics.median(ours), statistics.median(anchor)
+    return Sample(ours), Sample(anchor)
 
 
 def cold_start(ip, size, starts):
@@ -92,7 +111,7 @@ def cold_start(ip, size, starts):
         ip.run_line_magic("mpi", "stop")
         theirs.append(clock(anchor))
         clusters.pop().stop_cluster_sync()
-    return statistics.median(mine), statistics.median(theirs)
+    return Sample(mine), Sample(theirs)
 
 
 TRAIN = """
@@ -201,7 +220,7 @@ def gather_bandwidth(ip, magics, size, reps):
             times[name].append(clock(case))
     assert all(np.array_equal(ip.user_ns["x"][r], np.full(8 * 2**20, r, dtype=np.float32)) for r in range(size))
     ip.run_line_magic("mpi", "stop")
-    return {name: statistics.median(values) for name, values in times.items()}, source.nbytes
+    return {name: Sample(values) for name, values in times.items()}, source.nbytes
 
 
 def _quietly(fn):
@@ -388,11 +407,11 @@ def main():
 
     lines = ["| case | anchor | mpinb | anchor time | mpinb / anchor |", "|---|---|---|---|---|"]
     for case, what, mine, theirs, *extra in rows:
-        ratio = extra[0] if extra and extra[0] is not None else mine / theirs
+        ratio = extra[0] if extra and extra[0] is not None else _value(mine) / _value(theirs)
         if len(extra) > 1:  # a transfer: show bandwidths too
             nbytes = extra[1]
-            lines.append(f"| {case} | {what} | {_fmt(mine)} ({nbytes / mine / 1e9:.2f} GB/s) | {_fmt(theirs)} "
-                         f"({nbytes / theirs / 1e9:.2f} GB/s) | {ratio:.3f} |")
+            lines.append(f"| {case} | {what} | {_fmt(mine)} ({nbytes / _value(mine) / 1e9:.2f} GB/s) | {_fmt(theirs)} "
+                         f"({nbytes / _value(theirs) / 1e9:.2f} GB/s) | {ratio:.3f} |")
         else:
             lines.append(f"| {case} | {what} | {_fmt(mine)} | {_fmt(theirs)} | {ratio:.3f} |")
     lines.append(f"| CPU in report() calls + the rank's outbox thread, per step | the step | "
@@ -403,15 +422,16 @@ def main():
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]
         lines.append(f"| round-trip growth N={lo}→{hi} ({hi / lo:g}× ranks) | linear would be {hi / lo:g}× | "
-                     f"{trips[hi] / trips[lo]:.2f}× | | |")
+                     f"{trips[hi].median / trips[lo].median:.2f}× | | |")
     for size, (median, _) in gathers.items():
         lines.append(f"| --gather bandwidth ÷ memcpy bandwidth, N={size} | goal ≥ 0.25 | "
-                     f"{median['memcpy'] / median['gather']:.2f} | | |")
+                     f"{median['memcpy'].median / median['gather'].median:.2f} | | |")
         lines.append(f"| --gather speed-up over view.pull, N={size} | goal ≥ 20× | "
-                     f"{median['pull'] / median['gather']:.1f}× | | |")
+                     f"{median['pull'].median / median['gather'].median:.1f}× | | |")
     lines.append(f"| allreduce_gradients speed ÷ flat Allreduce speed | goal ≥ 0.9 | "
                  f"{reduced['flat'] / reduced['bucketed']:.2f} | | |")
-    lines.append(f"| allreduce_gradients speed-up over gloo | goal ≥ 3× | {reduced['gloo'] / reduced['bucketed']:.1f}× | | |")
+    lines.append(f"| allreduce_gradients speed-up over gloo | goal ≥ 3× | "
+                 f"{reduced['gloo'] / reduced['bucketed']:.1f}× | | |")
     lines.append(f"| weak-scaling efficiency N=1→2 (t1 / t2) | goal ≥ 0.85 | {one / two:.2f} | | |")
     lines.append(f"| the same without communication (the machine's ceiling) | | {one / independent:.2f} | | |")
     table = "\n".join(lines)
@@ -426,11 +446,15 @@ def main():
                    f"mpi4py {mpi4py.__version__}, {' '.join(MPI.Get_library_version().split()[:3])}")
         with open(args.markdown, "w") as out:
             out.write(f"# Benchmark results\n\nLatest `make bench` ({' '.join(sys.argv[1:])}), "
-                      f"{datetime.date.today()}, on {machine}.\n\nMedians; ratios below 1 mean mpinb is faster.\n\n"
+                      f"{datetime.date.today()}, on {machine}.\n\nMedians ± half the interquartile range over "
+                      "interleaved repetitions (where a row has one); ratios below 1 mean mpinb is faster.\n\n"
                       f"{table}\n")
 
 
 def _fmt(seconds):
+    """``1.81 ms``; a :class:`Sample` as its median ± half its interquartile range."""
+    if isinstance(seconds, Sample):
+        return f"{_fmt(seconds.median)} ± {_fmt(seconds.spread)}"
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
