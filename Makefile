@@ -71,6 +71,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/mpis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/trace.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/static.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/gather.py --markdown benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache
