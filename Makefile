@@ -72,6 +72,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/trace.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/static.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/gather.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/hosts.py --markdown benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache
