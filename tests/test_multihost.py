@@ -211,8 +211,7 @@ def engines_on(hosts, i):
     count = 0
     for pid in hosts.pids_on(i):
         try:
-            count += "ipyparallel.engine" in psutil.Process(pid).cmdline() and \
-                "nanny" not in " ".join(psutil.Process(pid).cmdline())
+            count += "ipyparallel.engine" in psutil.Process(pid).cmdline()  # the nanny's is ...engine.nanny
         except psutil.NoSuchProcess:
             pass
     return count
