@@ -355,6 +355,8 @@ class MPIMagics(Magics):
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
         number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
         options = {"report_interval": self.report_interval, "collective_wait": self.collective_wait or None}
+        # IPython's syntax turned into Python once here, not by every rank
+        options["source"] = _transformed(self.shell, cell)
         tracer = None
         if trace:
             options.update(trace=True, trace_buffer=self.trace_buffer)
@@ -586,6 +588,20 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 def _in_notebook(shell):
     """A kernel with a frontend that renders widgets (terminal IPython has no ``kernel``)."""
     return getattr(shell, "kernel", None) is not None
+
+
+def _transformed(shell, cell):
+    """*cell* as IPython turns it into Python (``%time x`` becomes a ``run_line_magic`` call; *cell* itself, which
+    pickles as a reference to it, when unchanged), or ``None`` when it cannot be transformed here (then each rank
+    transforms it, and reports what fails)."""
+    transform = getattr(shell, "transform_cell", None)
+    if transform is None:
+        return None
+    try:
+        source = transform(cell)
+    except Exception:  # noqa: BLE001 - the ranks transform it again and report the error as theirs
+        return None
+    return cell if source == cell else source
 
 
 def _color(shell):

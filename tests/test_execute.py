@@ -111,6 +111,17 @@ def test_ipython_syntax_works_on_ranks(world_of, mpi):
     assert mpi("%time z = 2 ** 10\nz") == {0: 1024, 1: 1024}
 
 
+def test_a_cell_transformed_in_the_notebook_runs_with_each_ranks_own_shell_and_source(world_of, mpi, capsys):
+    """IPython syntax is turned into Python once, in the notebook: what it calls still runs on each rank (its
+    shell, its namespace, its processes), and a traceback points at the failing line as IPython's own would."""
+    world_of(2)
+    assert mpi("here = !echo $rank\nhere") == {0: ["0"], 1: ["1"]}  # each rank's own `rank`, its own shell
+    with pytest.raises(RankError) as raised:
+        mpi("%time y = rank\n1 / (rank - y)")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(raised.value._render_traceback_()))
+    assert "ZeroDivisionError" in text and "----> 2 1 / (rank - y)" in text  # the line, as IPython shows it
+
+
 def test_unpicklable_values_come_back_as_their_repr(world_of, mpi):
     world_of(2)
     values = mpi("import threading\nthreading.Lock()")

@@ -108,7 +108,7 @@ class Agent:
         written = stacks.native_stderr_size()
         counts = tracing.state.counts()
         try:
-            reply = runner.run_cell(code, number=number)
+            reply = runner.run_cell(code, number=number, source=options.get("source"))
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply["collectives"] = (tracing.state.counts(), tracing.state.changed(counts))
             if options.get("gather"):

@@ -22,11 +22,13 @@ class RemoteValue:
         return self.text
 
 
-def run_cell(code, *, number=0, namespace=None):
+def run_cell(code, *, number=0, namespace=None, source=None):
     """Execute *code* in *namespace* and return ``{"value": ...}`` or ``{"error": {...}}``.
 
     IPython syntax (``%magics``, ``!shell``) works when an IPython shell runs this rank, and tracebacks name
     the cell as ``Cell In[number]``; the value of a final expression is returned, as in a notebook cell.
+    *source* is *code* as the notebook's IPython transformed it already (the same for every rank; the rank's
+    own shell transforms *code* when it is not given).
     Exceptions never escape: they come back described, so one failing rank never turns into a lost reply.
     The value is returned as it is; whoever sends it uses :func:`stand_in` if it does not pickle.
     """
@@ -35,7 +37,7 @@ def run_cell(code, *, number=0, namespace=None):
         namespace = user_namespace(shell)
     try:
         if shell is not None:
-            source = shell.transform_cell(code)
+            source = shell.transform_cell(code) if source is None else source
             filename = shell.compile.cache(source, number, raw_code=code)
         else:
             source, filename = code, f"<mpi cell {number}>"
