@@ -73,6 +73,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/static.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/gather.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/hosts.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/scale.py --markdown benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache
