@@ -61,7 +61,9 @@ class MPIMagics(Magics):
              "equal share of its host's cores, as torchrun does; negative leaves the libraries' defaults. Shown "
              "by %mpi status; OMP_NUM_THREADS and the like set in the environment win.")
     start_timeout = Float(60.0, config=True, help="Seconds to wait for all ranks to come up.")
-    heartbeat_ms = Integer(500, config=True, help="Controller-engine heartbeat period in milliseconds.")
+    heartbeat_ms = Integer(0, config=True, help="Controller-engine heartbeat period in milliseconds; 0: 100 ms, "
+                           "longer for worlds over 12 ranks (registration completes on a beat; a rank is given up "
+                           "after 3.5 s without heartbeats whatever the period).")
     stream = Bool(True, config=True, help="Print rank output while the cell runs (else in rank order at the end).")
     interrupt_grace = Float(5.0, config=True,
                             help="Seconds ranks get to answer an interrupt; ranks stuck longer (in MPI or C) make "
@@ -300,7 +302,7 @@ class MPIMagics(Magics):
             mpiexec_args=self.mpiexec_args if mpiexec_args is None else mpiexec_args,
             placement=placement,
             ip=ip or self.ip,
-            heartbeat_ms=self.heartbeat_ms,
+            heartbeat_ms=self.heartbeat_ms or None,
             start_timeout=self.start_timeout,
             threads=self.threads_per_rank,
             progress=lambda: views.Progress(notebook=_in_notebook(self.shell)),

@@ -49,6 +49,23 @@ def test_restart_gives_fresh_processes_and_forgets_names(ip, magics, world_of, m
     assert mpi("size") == {0: 3, 1: 3, 2: 3}
 
 
+def controller_setting(world, name):
+    controller = next(p for p in world_processes(world) if "ipyparallel.controller" in " ".join(p.cmdline()))
+    return int(next(arg for arg in controller.cmdline() if arg.startswith(f"--{name}=")).split("=")[1])
+
+
+def test_small_worlds_beat_fast_to_register_sooner_and_every_world_waits_as_long_for_a_silent_rank(world_of, mpi):
+    """A rank's registration completes on the hub's next heartbeat: small worlds beat every 100 ms, large ones
+    less often (the controller's load grows with ranks / period); a rank is given up after 3.5 s of silence
+    whatever the period, so a short period is no quicker to declare a rank on a busy host dead."""
+    for size, period in ((2, 100), (20, 160)):
+        world = world_of(size)
+        assert controller_setting(world, "HeartMonitor.period") == period
+        misses = controller_setting(world, "HeartMonitor.max_heartmonitor_misses")
+        assert 3500 <= misses * period < 3500 + period
+        assert mpi("rank")[size - 1] == size - 1
+
+
 def test_cell_magic_starts_a_world_on_first_use(ip, magics, mpi, capsys):
     if magics.world is not None:
         ip.run_line_magic("mpi", "stop")
