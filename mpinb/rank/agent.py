@@ -124,7 +124,7 @@ class Agent:
             spans, dropped = tracing.state.drain()
             tracing.state.stop()
             self.outbox.put(("trace-end", cell_id, spans, dropped))
-        self.outbox.put(("packed", self._pack_reply(cell_id, reply, buffers)))
+        self.outbox.reply(self._pack_reply(cell_id, reply, buffers))
 
     def _gather(self, names, options):
         """Pack *names* for the notebook: into a shared-memory segment when asked, else as raw frames."""
@@ -246,7 +246,12 @@ class ChannelStream(io.TextIOBase):
 
 
 class Outbox(threading.Thread):
-    """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order."""
+    """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order.
+
+    A reply is sent by the thread that made it, when everything put before it has been handled (a trivial cell
+    then wakes no second thread); otherwise it queues behind what is still waiting. The socket is used under
+    ``lock`` only, by one thread at a time.
+    """
 
     def __init__(self, context, address, key, rank, flush_interval, encrypt=False):
         super().__init__(name="mpinb-outbox", daemon=True)
@@ -256,7 +261,11 @@ class Outbox(threading.Thread):
         self.report_interval = 0.1  # each cell sends the notebook's setting
         self.tracing = None  # the id of the traced cell running, if one is
         self.queue = queue.SimpleQueue()
-        self.metrics = report.AgentSink(notify=lambda: self.queue.put("metrics"))
+        self.lock = threading.Lock()
+        self.unhandled = 0  # items put and not yet handled by this thread
+        self.pending, self.due, self.metrics_due = [], None, None  # output waiting; when output, metrics are sent
+        self.closed = False
+        self.metrics = report.AgentSink(notify=lambda: self.put("metrics"))
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 1000)
         if encrypt:
@@ -265,56 +274,76 @@ class Outbox(threading.Thread):
         self.start()
 
     def put(self, item):
+        with self.lock:
+            self.unhandled += 1
         self.queue.put(item)
 
+    def reply(self, frames):
+        """Send a cell's reply after the output and metrics before it: at once, or behind what is queued."""
+        with self.lock:
+            if self.unhandled == 0 and not self.closed:
+                self._send_packed(frames)
+                return
+        self.put(("packed", frames))
+
     def close(self):
-        self.queue.put(None)
+        self.put(None)
         self.join(timeout=2)
 
     def run(self):
-        pending, due, metrics_due = [], None, None  # output waiting, and when output and metrics are next sent
         trace_due = None  # while a traced cell runs: when its spans are next sent
         while True:
-            deadline = min((d for d in (due, metrics_due, trace_due) if d is not None), default=None)
+            deadline = min((d for d in (self.due, self.metrics_due, trace_due) if d is not None), default=None)
             try:
                 item = self.queue.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 item = "tick"
-            now = time.monotonic()
-            if item is None or (item != "tick" and item != "metrics" and item[0] == "packed"):
-                self._send_output(pending)
-                self._send_metrics()
-                pending, due, metrics_due = [], None, None
-                if item is None:
-                    self.socket.close()
+            with self.lock:
+                if item != "tick":
+                    self.unhandled -= 1
+                trace_due = self._handle(item, trace_due)
+                if self.closed:
                     return
-                self.socket.send_multipart(item[1], copy=len(item[1]) == 1)  # no buffers: small, copied
-                continue
-            if item == "metrics":
-                metrics_due = metrics_due or now + self.report_interval
-            elif item != "tick" and item[0] == "trace":
-                self.tracing, trace_due = item[1], now + self.report_interval
-            elif item != "tick" and item[0] == "ask":  # a debugger's prompt: after the output before it
-                self._send_output(pending)
-                pending, due = [], None
-                self._send(("input", self.rank, item[1], item[2]))
-            elif item != "tick" and item[0] == "trace-end":
-                self._send_output(pending)
-                pending, due, trace_due = [], None, None
-                self._send_trace(item[1], item[2], item[3])
-                self.tracing = None
-            elif item != "tick":
-                pending.append(item)
-                due = due or now + self.flush_interval
-            if due is not None and now >= due:
-                self._send_output(pending)
-                pending, due = [], None
-            if metrics_due is not None and now >= metrics_due:
-                self._send_metrics()
-                metrics_due = None
-            if trace_due is not None and now >= trace_due and self.tracing is not None:
-                self._send_trace(self.tracing, *tracing.state.drain())
-                trace_due = now + self.report_interval
+
+    def _handle(self, item, trace_due):
+        """Handle one queued *item* (under ``lock``); return when the running trace's spans are next due."""
+        now = time.monotonic()
+        if item is None:
+            self._send_output()
+            self._send_metrics()
+            self.socket.close()
+            self.closed = True
+            return trace_due
+        if item == "metrics":
+            self.metrics_due = self.metrics_due or now + self.report_interval
+        elif item != "tick" and item[0] == "packed":
+            self._send_packed(item[1])
+        elif item != "tick" and item[0] == "trace":
+            self.tracing, trace_due = item[1], now + self.report_interval
+        elif item != "tick" and item[0] == "ask":  # a debugger's prompt: after the output before it
+            self._send_output()
+            self._send(("input", self.rank, item[1], item[2]))
+        elif item != "tick" and item[0] == "trace-end":
+            self._send_output()
+            trace_due = None
+            self._send_trace(item[1], item[2], item[3])
+            self.tracing = None
+        elif item != "tick":
+            self.pending.append(item)
+            self.due = self.due or now + self.flush_interval
+        if self.due is not None and now >= self.due:
+            self._send_output()
+        if self.metrics_due is not None and now >= self.metrics_due:
+            self._send_metrics()
+        if trace_due is not None and now >= trace_due and self.tracing is not None:
+            self._send_trace(self.tracing, *tracing.state.drain())
+            trace_due = now + self.report_interval
+        return trace_due
+
+    def _send_packed(self, frames):
+        self._send_output()
+        self._send_metrics()
+        self.socket.send_multipart(frames, copy=len(frames) == 1)  # no buffers: small, copied
 
     def _send_trace(self, cell_id, spans, dropped):
         """A batch of spans, with this rank's two clocks read together (to place them in wall-clock time)."""
@@ -322,11 +351,13 @@ class Outbox(threading.Thread):
             self._send(("trace", self.rank, cell_id, spans, dropped, (tracing.now_ns(), time.time_ns())))
 
     def _send_metrics(self):
+        self.metrics_due = None
         records = self.metrics.drain()
         if records:
             self._send(("metrics", self.rank, records))
 
-    def _send_output(self, items):
+    def _send_output(self):
+        items, self.pending, self.due = self.pending, [], None
         merged = {}
         for _, cell_id, name, text in items:
             merged.setdefault((cell_id, name), []).append(text)
