@@ -134,7 +134,12 @@ def _who(sender):
     return f"rank {parts[1]}" if parts[0] == "rank" and len(parts) > 1 else parts[0]
 
 
+SMALL = 1 << 16  # bytes of payload under which signing joins the parts rather than feeding them one by one
+
+
 def _sign(key, header, payload, buffers):
+    if len(payload) < SMALL and not buffers:  # most messages: one call into OpenSSL, no HMAC object
+        return hmac.digest(key, b"".join((len(header).to_bytes(4, "little"), header, payload)), "sha256")
     mac = hmac.new(key, len(header).to_bytes(4, "little"), hashlib.sha256)
     mac.update(header)
     mac.update(payload)

@@ -25,6 +25,7 @@ WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/trace_torch.py", "mpinb/rank/
 
 _file = None
 _stderr = None
+_native = None  # descriptor of the native_stderr_path file, once keep_native_stderr pointed descriptor 2 at it
 current_cell_file = ""  # the file the running (or last) cell was compiled as
 STDERR_LIMIT = 64 << 10  # bytes of a rank's recent stderr kept on disk for a post-mortem
 
@@ -59,6 +60,7 @@ def keep_native_stderr():
     """
     import sys
 
+    global _native
     for stream in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
         copy, fd = getattr(stream, "_original_stdstream_copy", None), getattr(stream, "_original_stdstream_fd", None)
         if copy is not None and fd == 1:
@@ -66,7 +68,9 @@ def keep_native_stderr():
     if _file is not None:
         native = os.open(native_stderr_path(_file.name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(native, 2)
-        os.close(native)
+        if _native is not None:
+            os.close(_native)
+        _native = native  # kept open: its size is read at every cell
 
 
 # What each MPI writes when a rank calls MPI_Abort: MPICH and Intel MPI on the rank's stderr, Open MPI 5 there
@@ -89,6 +93,8 @@ def aborts(text):
 def native_stderr_size():
     """How many bytes this rank's C code has written to its standard error so far."""
     try:
+        if _native is not None:  # asked before and after every cell: the open file, not its path
+            return os.fstat(_native).st_size
         return os.path.getsize(native_stderr_path(_file.name)) if _file is not None else 0
     except OSError:
         return 0
@@ -143,7 +149,10 @@ def cell_started(filename, number):
 
 
 def remove():
-    global _file
+    global _file, _native
+    if _native is not None:
+        os.close(_native)
+        _native = None
     if _file is not None:
         faulthandler.unregister(SIGNAL)
         faulthandler.disable()
