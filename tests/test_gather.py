@@ -323,6 +323,54 @@ def test_inspector_verdicts_on_planted_cases(world_of, magics, mpi, ip, capsys):
     assert sorted(mark.labels[0] for mark in widget.histogram.marks) == [f"rank {r}" for r in range(4)]
 
 
+LARGE = """
+import numpy as np
+import torch
+n = 1 << 21  # 8 MB of float32: the notebook takes these statistics in the pass that compares the ranks
+base = np.linspace(-3, 5, n, dtype=np.float32)
+same = base.copy()
+skewed = base * (1 + rank)  # differs on every rank but the first
+moved = torch.from_numpy(base.copy())
+if rank == 3:
+    moved[n - 1] += 0.5  # the very last value, in the last block
+fortran = np.asfortranarray(np.arange(n, dtype=np.float64).reshape(1024, -1) * (rank % 2))
+nan = base.copy()
+if rank == 1:
+    nan[12345] = np.nan
+"""
+
+
+def test_large_float_leaves_are_described_in_the_pass_that_compares_them(world_of, magics, mpi, ip, capsys):
+    world_of(4)
+    mpi(LARGE, line="--gather same skewed moved fortran nan")
+    text = capsys.readouterr().out
+    assert "same: identical on all ranks" in text
+    assert "skewed: differs on ranks 1-3 (max |Δ| 15)" in text
+    assert "moved: differs on rank 3 (max |Δ| 0.5)" in text
+    assert "fortran: differs on ranks 1, 3" in text
+    assert "nan: differs on rank 1 (max |Δ| nan); NaN/Inf on rank 1" in text
+    result = magics.last
+    sent = result.gather_stats["skewed"][2][()]
+    assert sent["scan"] and "min" not in sent  # the rank only described it: the statistics are the notebook's
+    gathered = {name: ip.user_ns[name] for name in result.gathered}
+    reports = {r.label: r for r in inspect_gathered(gathered, result.gather_stats)}
+    for name, report in reports.items():
+        for rank, stats in report.stats.items():
+            values = np.asarray(gathered[name][rank], dtype=np.float64)
+            finite = values[np.isfinite(values)]
+            assert "scan" not in stats and stats["shape"] == values.shape
+            assert stats["nan"] == int(np.isnan(values).sum()) and stats["inf"] == 0
+            assert stats["min"] == finite.min() and stats["max"] == finite.max()
+            assert stats["mean"] == pytest.approx(finite.mean(), rel=1e-6, abs=1e-9)
+            assert stats["norm"] == pytest.approx(np.linalg.norm(finite), rel=1e-6)
+            assert sum(stats["histogram"][0]) == len(range(0, values.size, stats["histogram_stride"]))
+            if name != "nan":
+                expected_diff = np.abs(values - np.asarray(gathered[name][0], dtype=np.float64)).max()
+                assert report.diff[rank] == pytest.approx(expected_diff, rel=1e-6, abs=0)
+    assert reports["skewed"].stats[1]["dtype"] == "float32" and reports["moved"].stats[3]["device"] == "cpu"
+    assert reports["fortran"].differing == [1, 3] and reports["same"].identical
+
+
 TRAINING = """
 import torch
 torch.manual_seed(0)

@@ -7,7 +7,8 @@ torch tensors as torch tensors, JAX and TensorFlow arrays as theirs (numpy array
 the framework), numpy arrays as numpy arrays (0-d ones too; Fortran order kept). Dtypes numpy would pickle
 in band (datetimes, ``ml_dtypes``' bfloat16 and float8) or cannot hold (torch's bfloat16, float8, complex32)
 travel as their raw bytes and are viewed back. Statistics (norm, min, max, mean, NaN/Inf counts, a histogram)
-are computed here, on every rank in parallel, so the notebook never scans the values to describe them.
+are computed here, on every rank in parallel, except for large float32 and float64 arrays: the notebook reads
+those anyway to compare the ranks, and takes their statistics in that same pass.
 """
 
 import collections
@@ -16,6 +17,8 @@ import pickle
 import sys
 
 import numpy as np
+
+from ..scan import scannable
 
 HISTOGRAM_BINS = 30
 HISTOGRAM_SAMPLE = 1 << 16  # values a histogram is drawn from at most (an evenly strided sample)
@@ -252,7 +255,11 @@ def _device_of(value):
 
 def _leaf_stats(array, dtype, device):
     """:func:`leaf_stats`, or only shape and dtype when numpy cannot compute with the values: a value that can
-    travel is never held back by its statistics."""
+    travel is never held back by its statistics. A large float32 or float64 array is only described, with
+    ``scan`` set: the notebook reads it anyway to compare the ranks, and takes its statistics in the same pass
+    (:mod:`mpinb.scan`)."""
+    if dtype == str(array.dtype) and scannable(array):
+        return {"shape": tuple(array.shape), "dtype": dtype, "device": device, "size": int(array.size), "scan": True}
     try:
         return leaf_stats(array, dtype, device)
     except Exception:  # noqa: BLE001
@@ -285,12 +292,12 @@ def leaf_stats(array, dtype, device):
     if math.isfinite(low) and math.isfinite(high):
         flat = values.ravel()
         stride = -(-flat.size // HISTOGRAM_SAMPLE)
-        stats["histogram"] = _histogram(flat[::stride], low, high)
+        stats["histogram"] = histogram(flat[::stride], low, high)
         stats["histogram_stride"] = stride
     return stats
 
 
-def _histogram(sample, low, high):
+def histogram(sample, low, high):
     """``(counts, edges)`` of *sample* in :data:`HISTOGRAM_BINS` equal bins from *low* to *high*, the maximum in
     the last; by ``bincount`` on the bin indices (np.histogram's general path took 2x as long)."""
     if high <= low:

@@ -1,8 +1,8 @@
 """The tensor inspector shown after ``%%mpi --gather``: per leaf, per rank statistics and one verdict.
 
 :func:`inspect_gathered` builds plain reports (tests assert on them); :func:`inspector_text` and
-:func:`inspector_widget` render them. Statistics come from the ranks; only the comparison with the first rank
-reads the gathered values, which are already in the notebook.
+:func:`inspector_widget` render them. Statistics come from the ranks, except for large float arrays, whose
+statistics are taken here in the pass that compares each rank with the first (:mod:`mpinb.scan`).
 """
 
 import math
@@ -11,7 +11,8 @@ from html import escape
 
 import numpy as np
 
-from ..rank.gather import computable, framework_array, leaf_stats
+from ..rank.gather import HISTOGRAM_SAMPLE, computable, framework_array, histogram, leaf_stats
+from ..scan import scan, scannable
 from ..ranks import label_ranks
 from .colors import rank_color
 from .text import aligned
@@ -54,9 +55,47 @@ def inspect_gathered(gathered, stats):
             for rank, leaf in leaves.items():
                 rank_stats = (stats.get(name) or {}).get(rank) or {}
                 report.stats[rank] = rank_stats.get(path) or _describe(leaf)
-            _compare(report, leaves)
+            if not _scan(report, leaves):
+                _complete(report, leaves)
+                _compare(report, leaves)
+            report.verdict = verdict(report)
             reports.append(report)
     return reports
+
+
+def _scan(report, leaves):
+    """Statistics the ranks left to the notebook, and the comparison, in one pass (:mod:`mpinb.scan`) when every
+    rank's copy is a large float array like the first's; False (nothing changed) when it cannot."""
+    if not all(report.stats[rank].get("scan") for rank in leaves):
+        return False
+    arrays = {rank: _as_numpy(leaf) for rank, leaf in leaves.items()}
+    first = arrays[min(arrays)]
+    if not all(scannable(a) and a.shape == first.shape and a.dtype == first.dtype
+               and a.flags.c_contiguous == first.flags.c_contiguous for a in arrays.values()):
+        return False
+    scanned = scan(arrays)
+    if scanned is None:  # some value is not finite: the exact path counts and places them
+        return False
+    for rank, (sums, difference) in scanned.items():
+        stats = report.stats[rank] = {key: v for key, v in report.stats[rank].items() if key != "scan"}
+        stats.update(sums, nan=0, inf=0)
+        flat = arrays[rank].ravel(order="K")
+        stride = -(-flat.size // HISTOGRAM_SAMPLE)
+        stats["histogram"], stats["histogram_stride"] = histogram(flat[::stride], sums["min"], sums["max"]), stride
+        report.diff[rank] = difference
+        if difference != 0.0:
+            report.differing.append(rank)
+    return True
+
+
+def _complete(report, leaves):
+    """Statistics the ranks left to the notebook (``scan`` set) computed here, one leaf at a time."""
+    for rank, leaf in leaves.items():
+        stats = report.stats[rank]
+        if stats.get("scan"):
+            array = _as_numpy(leaf)
+            report.stats[rank] = leaf_stats(array, stats["dtype"], stats["device"]) if array is not None \
+                else {key: v for key, v in stats.items() if key != "scan"}
 
 
 def _leaves(value, path=()):
@@ -118,7 +157,6 @@ def _compare(report, leaves):
         same, report.diff[rank] = outcome.result() if hasattr(outcome, "result") else outcome
         if not same:
             report.differing.append(rank)
-    report.verdict = verdict(report)
 
 
 PARALLEL_BYTES = 4 << 20
