@@ -47,6 +47,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
 from mpinb.mpis import default_mpiexec
+from results import OtherLoad
 
 
 class Sample(list):
@@ -299,7 +300,7 @@ for repeat in range(REPS + 2):
         comm.Barrier()
         if repeat >= 2:
             times[name].append(time.perf_counter() - tic)
-result = {name: statistics.median(values) for name, values in times.items()}
+result = dict(times)  # every repetition: the notebook reports the median and the spread
 result["bytes"] = total * 4
 result
 """
@@ -338,7 +339,7 @@ for block in range(BLOCKS):
         overlapped.reducer = mt.GradientAllreducer(model, bucket_mb=1)
         times["overlapped"].append(steps(overlapped, STEPS))
         overlapped.reducer.remove()
-{name: statistics.median(values) for name, values in times.items() if values}
+{name: values for name, values in times.items() if values}
 """
 
 
@@ -346,7 +347,7 @@ def allreduce_rows(ip, reps):
     ip.run_line_magic("mpi", "start -n 2")
     result = ip.run_cell_magic("mpi", "", RESNET18.replace("REPS", str(reps)))[0]
     ip.run_line_magic("mpi", "stop")
-    return result
+    return {name: Sample(values) if isinstance(values, list) else values for name, values in result.items()}
 
 
 def scaling_rows(ip, blocks, steps):
@@ -356,7 +357,7 @@ def scaling_rows(ip, blocks, steps):
     ip.run_line_magic("mpi", "restart -n 2")
     two = ip.run_cell_magic("mpi", "", code)[0]
     ip.run_line_magic("mpi", "stop")
-    return one["blocking"], two["blocking"], two["overlapped"], two["independent"]
+    return Sample(one["blocking"]), Sample(two["blocking"]), Sample(two["overlapped"]), Sample(two["independent"])
 
 
 def main():
@@ -372,6 +373,7 @@ def main():
     parser.add_argument("--markdown", help="also write the table, with the machine, to this file")
     args = parser.parse_args()
 
+    load = OtherLoad()
     ip = InteractiveShell.instance()
     ip.run_line_magic("load_ext", "mpinb")
     magics = ip.magics_manager.registry["MPIMagics"]
@@ -398,7 +400,7 @@ def main():
                      reduced[name]))
     rows.append((f"allreduce_gradients(compression='fp16'), ResNet-18 gradients ({mb:.0f} MB), N=2",
                  "allreduce_gradients, float32", reduced["fp16"], reduced["bucketed"]))
-    ddp_reduction = reduced["ddp"] - reduced["plain_backward"]
+    ddp_reduction = Sample(d - p for d, p in zip(reduced["ddp"], reduced["plain_backward"]))  # same repetition
     rows.append((f"allreduce_gradients, ResNet-18 gradients ({mb:.0f} MB), N=2",
                  "DDP (gloo): backward with its reduction − plain backward", reduced["bucketed"], ddp_reduction))
     one, two, overlapped, independent = scaling_rows(ip, 10, 5)
@@ -444,13 +446,16 @@ def main():
         lines.append(f"| --gather speed-up over view.pull, N={size} | goal ≥ 20× | "
                      f"{median['pull'].median / median['gather'].median:.1f}× | | |")
     lines.append(f"| allreduce_gradients speed ÷ flat Allreduce speed | goal ≥ 0.9 | "
-                 f"{reduced['flat'] / reduced['bucketed']:.2f} | | |")
+                 f"{reduced['flat'].median / reduced['bucketed'].median:.2f} | | |")
     lines.append(f"| allreduce_gradients speed-up over gloo | goal ≥ 3× | "
-                 f"{reduced['gloo'] / reduced['bucketed']:.1f}× | | |")
-    lines.append(f"| weak-scaling efficiency N=1→2 (t1 / t2) | goal ≥ 0.85 | {one / two:.2f} | | |")
-    lines.append(f"| the same without communication (the machine's ceiling) | | {one / independent:.2f} | | |")
+                 f"{reduced['gloo'].median / reduced['bucketed'].median:.1f}× | | |")
+    lines.append(f"| weak-scaling efficiency N=1→2 (t1 / t2) | goal ≥ 0.85 | {one.median / two.median:.2f} | | |")
+    lines.append(f"| the same without communication (the machine's ceiling) | | "
+                 f"{one.median / independent.median:.2f} | | |")
     table = "\n".join(lines)
     print(table)
+    others = load.summary()
+    print(f"During this run {others}.")
     if args.markdown:
         import ipyparallel
         import mpi4py
@@ -461,7 +466,8 @@ def main():
                    f"mpi4py {mpi4py.__version__}, {' '.join(MPI.Get_library_version().split()[:3])}")
         with open(args.markdown, "w") as out:
             out.write(f"# Benchmark results\n\nLatest `make bench` ({' '.join(sys.argv[1:])}), "
-                      f"{datetime.date.today()}, on {machine}.\n\nMedians ± half the interquartile range over "
+                      f"{datetime.date.today()}, on {machine}. During the run {others}.\n\n"
+                      "Medians ± half the interquartile range over "
                       "interleaved repetitions (where a row has one); ratios below 1 mean mpinb is faster.\n\n"
                       f"{table}\n")
 

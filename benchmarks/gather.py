@@ -7,6 +7,8 @@ One 4-rank world on this host, 32 MB of float32 per rank (128 MB in all). The ar
   gather          `%%mpi --gather x --no-inspect` (cell `pass`): the values arrive as views of the ranks'
                   shared-memory segments; the only copy is each rank's, into its segment.
   inspect         the same with the inspector (statistics on the ranks, each rank compared with the first).
+  gather, read    the same, then every value read once (`max` of each rank's view, one thread per core): the
+                  least any inspector in the notebook pays, the first touch of each page of the views included.
   memcpy          one `np.copyto` of 128 MB in this process (the anchor the targets are written against).
   memcpy, cores   the same 128 MB copied by one thread per core at once: what the ranks' copies, which run in
                   parallel, can reach at best on this machine.
@@ -27,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import psutil
-from results import publish, shell
+from results import OtherLoad, publish, shell
 
 MARK = "<!-- gather limits -->"
 RANKS, FLOATS = 4, 8 << 20  # 32 MB of float32 per rank
@@ -43,6 +45,11 @@ def parallel_copy(pool, target, source, workers):
     step = -(-source.size // workers)
     for done in [pool.submit(np.copyto, target[i:i + step], source[i:i + step]) for i in range(0, source.size, step)]:
         done.result()
+
+
+def gather_and_read(ip, pool):
+    ip.run_cell_magic("mpi", "--gather x --no-inspect", "pass")
+    list(pool.map(np.max, [ip.user_ns["x"][r] for r in range(RANKS)]))
 
 
 def read_all(ip):
@@ -72,6 +79,7 @@ def main():
     parser.add_argument("--keep", type=int, default=50, help="gathers in the memory row (default 50)")
     parser.add_argument("--markdown", help="also put the table in this file (its own section)")
     args = parser.parse_args()
+    load = OtherLoad()
     ip = shell()
     with contextlib.redirect_stdout(io.StringIO()):
         ip.run_line_magic("mpi", f"start -n {RANKS}")
@@ -85,6 +93,7 @@ def main():
     arms = {
         "gather": lambda: ip.run_cell_magic("mpi", "--gather x --no-inspect", "pass"),
         "inspect": lambda: ip.run_cell_magic("mpi", "--gather x", "pass"),
+        "gather, read": lambda: gather_and_read(ip, pool),
         "memcpy": lambda: np.copyto(target, source),
         "memcpy, cores": lambda: parallel_copy(pool, target, source, workers),
     }
@@ -104,6 +113,7 @@ def main():
     pool.shutdown()
     (gather, g_iqr), (inspect, i_iqr) = spread(times["gather"]), spread(times["inspect"])
     (memcpy, m_iqr), (cores, c_iqr) = spread(times["memcpy"]), spread(times["memcpy, cores"])
+    read, r_iqr = spread(times["gather, read"])
     ms = lambda s, iqr: f"{s * 1e3:.2f} ms ± {iqr * 1e3 / 2:.2f}"  # noqa: E731 - half the IQR
     mb = payload / 2**20
     rows = [
@@ -115,6 +125,8 @@ def main():
          f"{ms(gather, g_iqr)} | {ms(cores, c_iqr)} | {gather / cores:.2f} | |"),
         (f"| --gather with the inspector, N={RANKS} | --gather --no-inspect | {ms(inspect, i_iqr)} | "
          f"{ms(gather, g_iqr)} | {inspect / gather:.2f} | ≤ 1.25 |"),
+        (f"| the same | --gather, then every value read once by {workers} threads (the least an inspector pays) | "
+         f"{ms(inspect, i_iqr)} | {ms(read, r_iqr)} | {inspect / read:.2f} | |"),
         (f"| notebook's resident growth, one gather read in full | the payload ({mb:.0f} MB) | "
          f"{one / 2**20:.0f} MB | {mb:.0f} MB | {one / payload:.2f} | ≤ 1.1 |"),
         (f"| the same after {args.keep} more gathers, only the last kept | after one | {kept / 2**20:.0f} MB | "
@@ -123,7 +135,7 @@ def main():
     header = (f"{MARK}\n## --gather against the memory's limits\n\n`python benchmarks/gather.py "
               f"--reps {args.reps} --keep {args.keep}`, {datetime.date.today()}, {platform.node()}, "
               f"{os.cpu_count()} cores; medians ± half the interquartile range over {args.reps} interleaved "
-              f"rounds.\n\n")
+              f"rounds; {load.summary()}.\n\n")
     publish(header + "\n".join(rows) + f"\n{MARK}", args.markdown, MARK)
 
 
