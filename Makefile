@@ -3,6 +3,7 @@
 #              other MPIs), run every test
 # make mpis  — install Open MPI and Intel MPI beside the default MPICH, for tests/test_mpis.py
 # make bench — print the benchmark table (and keep it in benchmarks/RESULTS.md)
+# make docs  — build the documentation site, the tutorials executed, into docs/_build/html; fails on a warning
 
 PYTHON ?= python3
 VENV   := .venv
@@ -14,12 +15,12 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Debian's Chromium for the JupyterLab browser test (Playwright's own browser download does not work everywhere)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: lab test bench clean chromium sshd mpis
+.PHONY: lab test bench docs clean chromium sshd mpis
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,dev]"
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,dev,docs]"
 	touch $@
 
 # JupyterLab refuses to run as root unless told; as a user it needs nothing
@@ -62,6 +63,13 @@ mpis: $(MPISTAMP)
 # every MPI of tests/test_mpis.py runs here: a missing one is an error, not a skip
 test: $(STAMP) chromium sshd $(MPISTAMP)
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
+
+# -W: a warning (a broken reference, a cell that fails) fails the build; linkcheck then follows every link
+# inside the site, anchors included; docs/check.py asserts each tutorial page shows its figures.
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(PY) -m sphinx -W --keep-going -q -b linkcheck docs docs/_build/linkcheck
+	$(PY) docs/check.py docs/_build/html
 
 bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/bench.py --markdown benchmarks/RESULTS.md

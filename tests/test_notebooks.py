@@ -107,12 +107,36 @@ def test_01_mpi_basics():
 
 
 def test_02_ring_allreduce():
-    cells = outputs(execute("02_collectives_and_ring_allreduce.ipynb"))
-    assert all(f"[rank {r}] ring_allreduce matches MPI.Allreduce" in cells[3] for r in range(4))
-    rows = re.findall(r"^(\d+\.\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)", cells[5], re.M)
+    notebook = execute("02_collectives_and_ring_allreduce.ipynb")
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    cells = [text_of(cell) for cell in code]
+    assert any(all(f"[rank {r}] ring_allreduce matches MPI.Allreduce" in t for r in range(4)) for t in cells)
+    table = next(t for t in cells if "ring / bound" in t)
+    rows = re.findall(r"^(\d+\.\d+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)", table, re.M)
     assert [float(row[0]) for row in rows] == [0.0625, 1.0, 8.0, 32.0]
     assert all(float(value) > 0 for row in rows for value in row[1:])
+    figures = [cell for cell in code if any("image/png" in o.get("data", {}) for o in cell.outputs)]
+    assert len(figures) == 2  # the ring's steps, and the measured times against the bound
+    assert all(f"[rank {r}] ring_allgather is right on this rank" in cells[-2] for r in range(4))
+    assert "solution" in code[-3].metadata.tags and "hide-cell" in code[-3].metadata.tags
     assert "stopped" in cells[-1]
+
+
+def test_02_exercise_check_says_what_is_wrong_without_the_solution():
+    """The exercise as a reader finds it, run without its solution: the check names the wrong blocks on every rank."""
+    notebook = nbformat.read(NOTEBOOKS / "02_collectives_and_ring_allreduce.ipynb", as_version=4)
+    keep = ["%load_ext", "import numpy as np", "def ring_allgather", "piece = 10.0", "%mpi stop"]
+    notebook.cells = [cell for cell in notebook.cells if cell.cell_type == "code" and "solution" not in
+                      cell.metadata.get("tags", []) and any(k in cell.source for k in keep)]
+    tag = new_world_tag()
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()
+    assert not leftover_ranks(tag)
+    check = next(cell for cell in notebook.cells if "piece = 10.0" in cell.source)
+    said = text_of(check)
+    assert "AssertionError" in said and "does each step send on the block that arrived in the step before?" in said
+    assert "the blocks of ranks [1, 2, 3] are wrong on rank 0" in said
 
 
 def test_03_data_parallel_training():

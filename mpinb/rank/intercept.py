@@ -7,7 +7,7 @@ these subclasses where user code finds communicators: ``MPI.COMM_WORLD`` and ``M
 ``Create_cart``, ...) is one too; ``MPI.Request`` becomes a subclass that still answers ``isinstance`` for every
 request, so ``MPI.Request.Waitall(...)`` is seen as well. A communicator made before :func:`install`, or by a
 library from a raw handle, is not seen. Python-level interception was measured against the MPI profiling
-interface: see the README's tracing section.
+interface: see docs/traces.md.
 """
 
 import weakref

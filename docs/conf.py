@@ -1,0 +1,38 @@
+"""Sphinx with MyST-NB: the reference pages in this folder and the tutorials in ../notebooks, executed as the site
+is built (a failing cell fails the build), with the images and tables mpinb leaves in each cell's output."""
+
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+# The tutorials live in notebooks/ (where `make lab` opens them); the site builds from a copy, made fresh each time.
+TUTORIALS = HERE / "tutorials"
+shutil.rmtree(TUTORIALS, ignore_errors=True)
+TUTORIALS.mkdir()
+for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    shutil.copy2(notebook, TUTORIALS / notebook.name)
+
+project = "mpinb"
+author = "the mpinb developers"
+copyright = "2026, the mpinb developers"
+extensions = ["myst_nb"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+myst_heading_anchors = 3
+myst_enable_extensions = ["colon_fence"]
+
+nb_execution_mode = "cache"  # executed in the build; an unchanged notebook is not run again in the next one
+nb_execution_cache_path = str(HERE / "_build" / ".jupyter_cache")
+nb_execution_timeout = 300
+nb_execution_raise_on_error = True
+nb_execution_show_tb = True
+
+html_theme = "sphinx_book_theme"
+html_title = "mpinb"
+html_theme_options = {"show_toc_level": 2}
+html_last_updated_fmt = None
+
+# linkcheck: the links inside the site (pages, anchors); the web is not reachable from every build machine
+linkcheck_ignore = [r"https?://.*"]
+linkcheck_anchors = True
