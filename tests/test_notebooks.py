@@ -131,6 +131,8 @@ EXERCISES = {  # tutorial -> (a line of its check cell, what the check says when
     "01_mpi_basics.ipynb": ("got = my_bcast(", "with root 0, rank 1 holds [1.0, 1.0, 1.0] instead of the root's "
                                                 "[0.0, 0.0, 0.0]"),
     "02_collectives_and_ring_allreduce.ipynb": ("piece = 10.0 * rank", "are wrong on rank 0: rank 1's block is"),
+    "05_communication_cost.ipynb": ("cases = [", "is each bucket's start the later of its last gradient and the "
+                                                  "previous allreduce's end?"),
 }
 
 
@@ -187,14 +189,26 @@ def test_04_debugging():
 
 
 def test_05_communication_cost():
-    cells = outputs(execute("05_communication_cost.ipynb"))
-    assert len(re.findall(r"^(\d)\s+[\d.]+\s+[\d.]+\s+(0\.\d+)$", cells[3], re.M)) == 2  # compute, allreduce
-    error = re.findall(r"^\d\s+[\d.]+\s+[\d.]+\s+([\d.e-]+)$", cells[5], re.M)
+    notebook = execute("05_communication_cost.ipynb")
+    cell = {key: text_of(next(c for c in notebook.cells if c.cell_type == "code" and key in c.source)) for key in [
+        "table[\"communication share\"]", "alpha, bandwidth, gradient_bytes", "compression[r] for r",
+        "table[\"saved\"]", "table[\"efficiency\"]", "needed = {}", "Get_library_version", "cases = [", "%mpi stop"]}
+    assert len(re.findall(r"^(\d)\s+[\d.]+\s+[\d.]+\s+(0\.\d+)$", cell["table[\"communication share\"]"], re.M)) == 2
+    link = cell["alpha, bandwidth, gradient_bytes"]
+    assert re.search(r"latency [\d.]+ µs, bandwidth [\d.]+ GB/s between ranks 0 and 1", link)
+    error = re.findall(r"^\d\s+[\d.]+\s+[\d.]+\s+([\d.e-]+)$", cell["compression[r] for r"], re.M)
     assert len(error) == 2 and all(float(e) < 2e-3 for e in error)  # fp16 keeps about 3 digits
-    assert len(re.findall(r"^\d\s+[\d.]+\s+[\d.]+\s+-?[\d.]+$", cells[7], re.M)) == 2
-    scaling = re.findall(r"^(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", cells[9], re.M)
+    assert len(re.findall(r"^\d\s+[\d.]+\s+[\d.]+\s+-?[\d.]+$", cell["table[\"saved\"]"], re.M)) == 2
+    scaling = re.findall(r"^(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", cell["table[\"efficiency\"]"], re.M)
     assert [row[0] for row in scaling] == ["1", "2", "4"] and scaling[0][2:] == ("1.000", "1.000")
-    assert "stopped" in cells[-1]
+    figures = [c for c in notebook.cells if any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
+    assert any("calls = mpinb.trace()" in c.source for c in figures)  # one step of each rank, from the trace
+    assert any("needed = {}" in c.source for c in figures)  # speed-up on 8 ranks against the link
+    assert "GB/s a link needs for 7x on 8 ranks: as here, fp32: " in cell["needed = {}"]
+    assert re.search(r"^IB HDR\s+as here\s+[\d.]+\s+[\d.]+\s+[\d.]+$", cell["needed = {}"], re.M)
+    assert "MPICH" in cell["Get_library_version"]
+    assert all(f"[rank {r}] right: buckets of " in cell["cases = ["] for r in range(4))
+    assert "stopped" in cell["%mpi stop"]
 
 
 def test_06_model_and_hybrid_parallel():
