@@ -12,7 +12,9 @@ TUTORIALS = HERE / "tutorials"
 shutil.rmtree(TUTORIALS, ignore_errors=True)
 TUTORIALS.mkdir()
 for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
-    shutil.copy2(notebook, TUTORIALS / notebook.name)
+    # a tutorial links a reference page as ../docs/page.md (JupyterLab opens it from notebooks/); here: ../page.md
+    text = notebook.read_text().replace("](../docs/", "](../")
+    (TUTORIALS / notebook.name).write_text(text)
 
 project = "mpinb"
 author = "the mpinb developers"
