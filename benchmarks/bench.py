@@ -46,7 +46,7 @@ import ipyparallel as ipp
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from mpinb.mpis import default_mpiexec
+from mpinb.notebook.mpis import default_mpiexec
 from results import OtherLoad
 
 

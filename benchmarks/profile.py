@@ -25,8 +25,8 @@ import time
 import psutil
 from results import publish, shell
 
-from mpinb import execute
-from mpinb.cluster import World
+from mpinb.notebook import execute
+from mpinb.notebook.cluster import World
 
 MARK = "<!-- where the time goes -->"
 
@@ -71,7 +71,7 @@ def kind(process):
         return None
     for needle, name in (("ipyparallel.controller", "controller"), ("ipyparallel.engine", "ranks (engines)"),
                          ("mpinb.rank.launch", "ranks' parents"), ("hydra_pmi_proxy", "mpiexec and proxies"),
-                         ("mpiexec", "mpiexec and proxies"), ("mpinb.reaper", "reaper")):
+                         ("mpiexec", "mpiexec and proxies"), ("mpinb.notebook.reaper", "reaper")):
         if needle in line:
             return name
     return "other"

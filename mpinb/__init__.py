@@ -61,7 +61,7 @@ def _magics(elsewhere):
 
 def read_metrics(pattern):
     """The JSON lines ranks wrote under plain mpiexec with ``MPINB_METRICS_FILE`` set, as :func:`metrics` gives."""
-    from .widgets.history import read_metrics
+    from .notebook.history import read_metrics
 
     return read_metrics(pattern)
 
@@ -81,7 +81,7 @@ _trace_script()
 
 def load_ipython_extension(ipython):
     """Register ``%mpi`` and ``%%mpi``; the magic machinery is imported only now, never on ranks."""
-    from .magics import MPIMagics
+    from .notebook.magics import MPIMagics
 
     ipython.register_magics(MPIMagics(shell=ipython))
 
@@ -91,7 +91,7 @@ def unload_ipython_extension(ipython):
     magics = ipython.magics_manager.registry.get("MPIMagics")
     if magics is not None and magics.world is not None:
         magics.stop()
-    from . import views
+    from .widgets import views
 
     if views.seal_all in ipython.events.callbacks["post_run_cell"]:
         ipython.events.unregister("post_run_cell", views.seal_all)

@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from .export import ExportError, export, sbatch
+from .notebook.export import ExportError, export, sbatch
 
 
 def main(argv=None):

@@ -1,6 +1,6 @@
 """The exceptions users see: one error for a cell, naming every failing rank, rendered like IPython's."""
 
-from .ranks import label_ranks
+from .wire.ranks import label_ranks
 
 
 class MPIError(Exception):

@@ -13,7 +13,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from mpinb import read_metrics
-from mpinb.mpis import default_mpiexec
+from mpinb.notebook.mpis import default_mpiexec
 
 from conftest import leftover_ranks, new_world_tag
 
@@ -101,7 +101,7 @@ def test_exported_training_gives_the_notebooks_loss(tmp_path):
     script = (tmp_path / "train.py").read_text()
     assert "# ---- cell 3 runs in the notebook only (left out):\n# %mpi start -n 2" in script
     assert "# (--gather final: the values stay on each rank)" in script
-    assert "if rank in __import__('mpinb.ranks'" in script
+    assert "if rank in __import__('mpinb.wire.ranks'" in script
     assert "get_ipython" not in script
 
     env = dict(os.environ, MPINB_METRICS_FILE=str(tmp_path / "metrics-{rank}.jsonl"), MPINB_REPORT_EVERY="0")

@@ -9,7 +9,7 @@ import torch
 from IPython.core.error import UsageError
 
 from mpinb.errors import GatherError, RankError
-from mpinb.perrank import PerRank
+from mpinb.notebook.perrank import PerRank
 from mpinb.widgets.grads import grads_widget
 from mpinb.widgets.inspector import inspect_gathered, inspector_widget
 

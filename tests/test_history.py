@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mpinb.widgets.history import History, decimate
+from mpinb.notebook.history import History, decimate
 from mpinb.widgets.summary import summary_html, summary_text
 
 

@@ -9,7 +9,7 @@ import pytest
 from IPython.core.error import UsageError
 from traitlets.config import Config
 
-from mpinb.launchers import SCHEDULERS, Placement
+from mpinb.notebook.launchers import SCHEDULERS, Placement
 
 from conftest import leftover_ranks, new_world_tag
 

@@ -12,9 +12,9 @@ import pytest
 from IPython.core.error import UsageError
 
 from conftest import assert_all_gone, world_processes
-from mpinb.cluster import World
+from mpinb.notebook.cluster import World
 from mpinb.errors import MPIError, RankError
-from mpinb.mpis import library_version
+from mpinb.notebook.mpis import library_version
 from mpinb.widgets.status import status_widget
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]

@@ -23,7 +23,7 @@ import mpinb
 from conftest import assert_all_gone, leftover_ranks, new_world_tag, world_processes
 from test_faults import DEADLOCK
 from mpinb.errors import MPIError, RankError
-from mpinb.perrank import PerRank
+from mpinb.notebook.perrank import PerRank
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -1,6 +1,6 @@
 import pytest
 
-from mpinb.ranks import format_ranks, label_ranks, parse_ranks
+from mpinb.wire.ranks import format_ranks, label_ranks, parse_ranks
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
-from mpinb.channel import reachable_address
+from mpinb.wire.channel import reachable_address
 from slurm_cluster import SlurmCluster
 
 from conftest import leftover_ranks, new_world_tag

@@ -14,7 +14,7 @@ from conftest import leftover_ranks, new_world_tag
 from nbclient import NotebookClient
 
 from mpinb.widgets import static
-from mpinb.widgets.history import History
+from mpinb.notebook.history import History
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,7 +12,7 @@ import pytest
 
 import mpinb
 from mpinb.errors import RankError
-from mpinb.mpis import default_mpiexec
+from mpinb.notebook.mpis import default_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -70,7 +70,7 @@ def test_the_straggler_of_synchronised_training_is_named(healthy, mpi, magics, c
     assert all(not row["notes"] for row in table if row["rank"] != 2)
     mpi(STRAGGLER.replace("rank == 2", "rank == 1"), "--trace")
     assert "rank 1 arrived last at" in capsys.readouterr().out
-    from mpinb.traces import summarize
+    from mpinb.notebook.traces import summarize
 
     assert summarize(mpinb.trace()).straggler == 1
 

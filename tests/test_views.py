@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mpinb.widgets.grads import _table_html, grads_widget
-from mpinb.widgets.history import History
+from mpinb.notebook.history import History
 from mpinb.widgets.inspector import inspect_gathered, inspector_text, inspector_widget, rows
 from mpinb.widgets.summary import summary_html
 

@@ -2,20 +2,20 @@ import pytest
 import zmq
 import zmq.utils.monitor
 
-from mpinb import wire
-from mpinb.channel import Channel
+from mpinb.wire import messages
+from mpinb.wire.channel import Channel
 
 KEY = b"k" * 32
 
 
 def test_round_trip_and_tampering_is_dropped():
-    signer, verifier = wire.Signer(KEY, "notebook"), wire.Verifier(KEY)
+    signer, verifier = messages.Signer(KEY, "notebook"), messages.Verifier(KEY)
     frames = signer.pack(("cell", 1, "print(1)", 3))
     assert verifier.unpack(frames) == ("cell", 1, "print(1)", 3)
     (head,) = signer.pack(("cell", 2, "print(1)", 3))
     assert verifier.unpack([head.replace(b"print", b"input")]) is None
     assert verifier.unpack([head.replace(b"notebook", b"notebooc")]) is None
-    assert wire.Verifier(b"x" * 32).unpack(signer.pack(("cell",))) is None
+    assert messages.Verifier(b"x" * 32).unpack(signer.pack(("cell",))) is None
     assert verifier.unpack([head[40:]]) is None and verifier.unpack([]) is None
     head, buffer = signer.pack(("reply", 1), [b"12345678"])
     assert verifier.unpack_with_buffers([head, b"1234567"]) is None  # a buffer's length is signed
@@ -24,8 +24,8 @@ def test_round_trip_and_tampering_is_dropped():
 
 
 def test_a_replayed_or_reordered_message_is_dropped_and_each_sender_is_numbered_apart():
-    notebook, rank = wire.Signer(KEY, "notebook"), wire.Signer(KEY, "rank/1/outbox")
-    verifier = wire.Verifier(KEY)
+    notebook, rank = messages.Signer(KEY, "notebook"), messages.Signer(KEY, "rank/1/outbox")
+    verifier = messages.Verifier(KEY)
     first, second, third = (notebook.pack(("cell", n)) for n in (1, 2, 3))
     assert verifier.unpack(first) == ("cell", 1)
     assert verifier.unpack(first) is None  # the same message again
@@ -40,10 +40,10 @@ def test_a_peer_of_another_protocol_version_is_named_at_the_handshake(monkeypatc
     try:
         peer = zmq.Context.instance().socket(zmq.DEALER)
         peer.connect(channel.cells_url)
-        monkeypatch.setattr(wire, "PROTOCOL", wire.PROTOCOL + 1)  # what a newer mpinb on a rank's host sends
-        peer.send_multipart(wire.Signer(channel.key, "rank/3/inbox").pack(("hello", 3, "stacks")))
+        monkeypatch.setattr(messages, "PROTOCOL", messages.PROTOCOL + 1)  # what a newer mpinb on a rank's host sends
+        peer.send_multipart(messages.Signer(channel.key, "rank/3/inbox").pack(("hello", 3, "stacks")))
         monkeypatch.undo()
-        with pytest.raises(wire.ProtocolMismatch, match=r"rank 3 speaks the cell channel's protocol mpinb/3, "
+        with pytest.raises(messages.ProtocolMismatch, match=r"rank 3 speaks the cell channel's protocol mpinb/3, "
                                                         r"this notebook mpinb/2: install the same mpinb"):
             channel.wait_for_ranks([3], timeout=30)
         peer.close()
@@ -53,12 +53,12 @@ def test_a_peer_of_another_protocol_version_is_named_at_the_handshake(monkeypatc
 
 def test_the_channel_key_is_derived_from_the_session_key_and_a_salt():
     secret, salt = b"ipyparallel-session-key", b"s" * 16
-    key = wire.derive_key(secret, salt)
-    assert key == wire.derive_key(secret, salt) and len(key) == 32
-    assert key != wire.derive_key(secret, b"t" * 16) and key != wire.derive_key(b"other", salt)
+    key = messages.derive_key(secret, salt)
+    assert key == messages.derive_key(secret, salt) and len(key) == 32
+    assert key != messages.derive_key(secret, b"t" * 16) and key != messages.derive_key(b"other", salt)
     assert secret not in key and salt not in key
     with pytest.raises(ValueError, match="no key"):
-        wire.derive_key(b"", salt)
+        messages.derive_key(b"", salt)
 
 
 def test_off_loopback_only_a_holder_of_the_key_can_talk_to_the_channel():
@@ -74,17 +74,17 @@ def test_off_loopback_only_a_holder_of_the_key_can_talk_to_the_channel():
             push = context.socket(zmq.PUSH)
             push.setsockopt(zmq.LINGER, 0)
             if key is not None:
-                wire.encrypt_client(push, key)
+                messages.encrypt_client(push, key)
             push.connect(url)
-            push.send_multipart(wire.Signer(channel.key, f"rank/0/{name}").pack(("out", 0, 1, "stdout", name)))
+            push.send_multipart(messages.Signer(channel.key, f"rank/0/{name}").pack(("out", 0, 1, "stdout", name)))
         failed = 0
         while failed < 2:  # the server refused both strangers' handshakes
             event = zmq.utils.monitor.recv_monitor_message(monitor)
             if event["event"] & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH):
                 failed += 1
-        messages = channel.receive(30)
-        assert [m[4] for m in messages] == ["rank"]
+        received = channel.receive(30)
+        assert [m[4] for m in received] == ["rank"]
     finally:
         channel.events.disable_monitor()
         channel.close()
@@ -95,7 +95,7 @@ def test_each_rank_derives_the_channel_key_and_only_the_salt_is_sent(world_of, m
     """The set-up sends the ranks a salt, not the key: each derives the key from ipyparallel's session key."""
     world = world_of(2)
     channel = world.channel
-    assert channel.key == wire.derive_key(world.client.session.key, channel.salt)
+    assert channel.key == messages.derive_key(world.client.session.key, channel.salt)
     keys = mpi("__import__('mpinb.rank.agent', fromlist=['_agent'])._agent.key")
     assert keys == {0: channel.key, 1: channel.key}
     assert mpi("rank + 1") == {0: 1, 1: 2}  # cells signed with it run

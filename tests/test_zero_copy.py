@@ -8,7 +8,7 @@ import psutil
 import pytest
 import torch
 
-from mpinb.shm import KEEP_FREE
+from mpinb.wire.shm import KEEP_FREE
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(300)]
 

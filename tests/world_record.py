@@ -15,7 +15,7 @@ ENV = "MPINB_TEST_RECORD"
 
 def install():
     """Note the processes of every world this process starts from now on (idempotent)."""
-    from mpinb.cluster import World
+    from mpinb.notebook.cluster import World
 
     for name in ("_launched_processes", "_rank_processes"):
         method = getattr(World, name)

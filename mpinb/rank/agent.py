@@ -18,7 +18,7 @@ import time
 import numpy as np
 import zmq
 
-from .. import shm, wire
+from ..wire import shm, messages
 from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
 
 _agent = None
@@ -26,13 +26,13 @@ _agent = None
 
 def start(*, cells, events, salt, key=None, encrypt=False, rank=None, flush_interval=0.05):
     """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank.
-    The channel's key is derived from *salt* and the engine's ipyparallel session key (``wire.derive_key``),
+    The channel's key is derived from *salt* and the engine's ipyparallel session key (``messages.derive_key``),
     unless ipyparallel runs CurveZMQ without one and sent *key* encrypted; with *encrypt*, the sockets are
     CurveZMQ clients of the server key derived from it."""
     global _agent
     from IPython import get_ipython
 
-    key = key or wire.derive_key(get_ipython().kernel.session.key, salt)
+    key = key or messages.derive_key(get_ipython().kernel.session.key, salt)
     if rank is None:
         from mpi4py import MPI
 
@@ -49,16 +49,17 @@ class Agent:
         from tornado.ioloop import IOLoop
 
         self.key, self.rank = key, rank
-        self.verifier = wire.Verifier(key)
+        self.verifier = messages.Verifier(key)
         # replies are packed here and sent by the outbox in order: a stream of their own
-        self.hello, self.replies = wire.Signer(key, f"rank/{rank}/inbox"), wire.Signer(key, f"rank/{rank}/replies")
+        self.hello = messages.Signer(key, f"rank/{rank}/inbox")
+        self.replies = messages.Signer(key, f"rank/{rank}/replies")
         self.segments = None  # shared memory for gathers (shm.Pool), made on the first one that needs it
         context = zmq.Context.instance()
         self.inbox = context.socket(zmq.DEALER)
         self.inbox.setsockopt(zmq.IDENTITY, str(rank).encode())
         self.inbox.setsockopt(zmq.LINGER, 0)
         if encrypt:
-            wire.encrypt_client(self.inbox, key)
+            messages.encrypt_client(self.inbox, key)
         self.inbox.connect(cells)
         self.outbox = Outbox(context, events, key, rank, flush_interval, encrypt)
         report.recorder.sink = self.outbox.metrics
@@ -256,7 +257,7 @@ class Outbox(threading.Thread):
     def __init__(self, context, address, key, rank, flush_interval, encrypt=False):
         super().__init__(name="mpinb-outbox", daemon=True)
         self.rank = rank
-        self.signer = wire.Signer(key, f"rank/{rank}/outbox")
+        self.signer = messages.Signer(key, f"rank/{rank}/outbox")
         self.flush_interval = flush_interval
         self.report_interval = 0.1  # each cell sends the notebook's setting
         self.tracing = None  # the id of the traced cell running, if one is
@@ -269,7 +270,7 @@ class Outbox(threading.Thread):
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 1000)
         if encrypt:
-            wire.encrypt_client(self.socket, key)
+            messages.encrypt_client(self.socket, key)
         self.socket.connect(address)
         self.start()
 

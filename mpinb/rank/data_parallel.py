@@ -336,7 +336,7 @@ def _root(root, root_rank, comm):
     except TypeError:
         return None, TypeError(f"{name} must be a rank (an int), not {_a(root)}")
     if not 0 <= root < comm.size:
-        from ..ranks import label_ranks
+        from ..wire.ranks import label_ranks
 
         return None, ValueError(f"{name}={root} is not a rank of comm ({label_ranks(range(comm.size))})")
     return root, None
@@ -448,7 +448,7 @@ def _agree(comm, what, signature, *, problem=None, same=None):
     """Raise on every rank, naming parameters and ranks, unless every rank has this *signature*, no rank found a
     *problem* (an exception to raise) with its input, and every rank has the same values in *same*
     (``{"root": 0}``). One small allgather when all is well."""
-    from ..ranks import label_ranks
+    from ..wire.ranks import label_ranks
 
     everyone = comm.allgather((_digest(signature), None if problem is None else (type(problem), str(problem)),
                                same or {}))

@@ -4,7 +4,7 @@ from rank 0's. Collective: every rank of the communicator calls it, and only sta
 
 import numpy as np
 
-from ..ranks import label_ranks
+from ..wire.ranks import label_ranks
 from .gather import HISTOGRAM_BINS
 
 

@@ -14,7 +14,7 @@ import threading
 
 import zmq
 
-from .. import wire
+from ..wire import messages
 from . import stacks, tracing
 
 
@@ -22,14 +22,14 @@ class RollCall(threading.Thread):
     def __init__(self, context, address, key, rank, *, every=0.05, encrypt=False):
         super().__init__(name="mpinb-rollcall", daemon=True)
         self.rank, self.every = rank, every
-        self.signer, self.verifier = wire.Signer(key, f"rank/{rank}/rollcall"), wire.Verifier(key)
+        self.signer, self.verifier = messages.Signer(key, f"rank/{rank}/rollcall"), messages.Verifier(key)
         self.after = 1.0  # each cell sends the notebook's setting
         self.cell = None  # the running cell's id, None between cells
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.IDENTITY, f"rollcall-{rank}".encode())
         self.socket.setsockopt(zmq.LINGER, 0)
         if encrypt:
-            wire.encrypt_client(self.socket, key)
+            messages.encrypt_client(self.socket, key)
         self.socket.connect(address)
         self.reported = None  # the wait last reported, so each is reported once
         self.outcomes = queue.SimpleQueue()  # what settling threads report, sent by this thread (it owns the socket)

@@ -1,4 +1,4 @@
-"""Live charts of a :class:`~mpinb.widgets.history.History`: one bqplot figure per metric, one curve per rank,
+"""Live charts of a :class:`~mpinb.notebook.history.History`: one bqplot figure per metric, one curve per rank,
 and the per-rank table under them. Updated in place: each changed curve is one comm message (x and y together,
 as binary arrays), so a refresh costs a message per changed curve, whatever the reporting rate.
 """
@@ -11,7 +11,7 @@ import numpy as np
 
 from ..rank.report import DEFAULT_RUN
 from .colors import rank_color
-from .history import decimate
+from ..notebook.history import decimate
 from .summary import summary_html
 
 

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 from html import escape as _escape
 
-from ..ranks import label_ranks
+from ..wire.ranks import label_ranks
 from .text import aligned
 
 RTOL = 1e-6

@@ -2,7 +2,7 @@
 
 :func:`inspect_gathered` builds plain reports (tests assert on them); :func:`inspector_text` and
 :func:`inspector_widget` render them. Statistics come from the ranks, except for large float arrays, whose
-statistics are taken here in the pass that compares each rank with the first (:mod:`mpinb.scan`).
+statistics are taken here in the pass that compares each rank with the first (:mod:`mpinb.notebook.scan`).
 """
 
 import math
@@ -12,8 +12,9 @@ from html import escape
 import numpy as np
 
 from ..rank.gather import HISTOGRAM_SAMPLE, computable, framework_array, histogram, leaf_stats
-from ..scan import scan, scannable
-from ..ranks import label_ranks
+from ..notebook.scan import scan
+from ..wire.gathered import scannable
+from ..wire.ranks import label_ranks
 from .colors import rank_color
 from .text import aligned
 
@@ -64,8 +65,8 @@ def inspect_gathered(gathered, stats):
 
 
 def _scan(report, leaves):
-    """Statistics the ranks left to the notebook, and the comparison, in one pass (:mod:`mpinb.scan`) when every
-    rank's copy is a large float array like the first's; False (nothing changed) when it cannot."""
+    """Statistics the ranks left to the notebook, and the comparison, in one pass (:mod:`mpinb.notebook.scan`) when
+    every rank's copy is a large float array like the first's; False (nothing changed) when it cannot."""
     if not all(report.stats[rank].get("scan") for rank in leaves):
         return False
     arrays = {rank: _as_numpy(leaf) for rank, leaf in leaves.items()}

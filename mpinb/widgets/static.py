@@ -79,7 +79,7 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
     marker where a rank's value first became NaN or infinite. *log*: ``{(run, name): bool}`` from the live
     view; by default a metric whose positive values span more than three decades is drawn on a log scale."""
     from ..rank.report import DEFAULT_RUN
-    from .history import decimate
+    from ..notebook.history import decimate
 
     charts = [(run, name) for run in runs for name in history.names.get(run, [])]
     if not charts:
@@ -280,7 +280,7 @@ def inspector_bundle(reports, *, most=6):
 def timeline_png(trace, *, max_segments=2000):
     """The whole trace: one lane per rank, its calls as bars in their operation's colour (merged below a
     pixel as the live timeline does), step ticks, and a legend of operations."""
-    from ..traces import traced_ranks
+    from ..notebook.traces import traced_ranks
     from .timeline import OP_PALETTE, _bucketed
 
     calls = trace[trace["kind"] != "step"]
@@ -322,7 +322,7 @@ def timeline_png(trace, *, max_segments=2000):
 
 def timeline_bundle(trace, summary):
     """The traced cell's timeline and its summary table."""
-    from ..traces import summary_html, summary_text
+    from ..notebook.traces import summary_html, summary_text
 
     chart = timeline_png(trace)
     return bundle(summary_text(summary), [img(chart, "timeline of MPI calls by rank"), summary_html(summary)],

@@ -14,7 +14,7 @@ import bqplot
 import ipywidgets as w
 import numpy as np
 
-from ..traces import duration, summarize, summary_html, traced_ranks
+from ..notebook.traces import duration, summarize, summary_html, traced_ranks
 
 # one colour per operation, in order of the time spent in it (ColorBrewer Dark2, Set1, then greys)
 OP_PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#377eb8",
@@ -25,14 +25,14 @@ LANE = 32  # pixels of figure height per rank
 
 
 class TimelineWidget:
-    """A zoomable timeline of a :class:`~mpinb.traces.Trace` with its summary table under it.
+    """A zoomable timeline of a :class:`~mpinb.notebook.traces.Trace` with its summary table under it.
 
     Parameters
     ----------
     trace : Trace
-        The spans (from :func:`mpinb.traces.frame`); only read here.
+        The spans (from :func:`mpinb.notebook.traces.frame`); only read here.
     summary : Summary, optional
-        From :func:`mpinb.traces.summarize`; computed when not given.
+        From :func:`mpinb.notebook.traces.summarize`; computed when not given.
     max_segments : int, default 2000
         Bars drawn per rank's lane at most; closer calls of one operation are merged into one bar for drawing.
 
@@ -45,7 +45,7 @@ class TimelineWidget:
 
     Example::
 
-        trace = mpinb.traces.frame(spans_by_rank)
+        trace = mpinb.notebook.traces.frame(spans_by_rank)
         display(TimelineWidget(trace).widget)
     """
 

@@ -7,7 +7,7 @@
 import html
 from collections import Counter
 
-from ..ranks import format_ranks, label_ranks
+from ..wire.ranks import format_ranks, label_ranks
 from .colors import rank_color
 from .text import aligned
 

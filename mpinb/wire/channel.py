@@ -1,6 +1,6 @@
 """The notebook end of the cell channel: one message per rank out, output and replies back, over ZMQ (loopback
 unless the world listens on another address), every message signed with the world's key and numbered, and
-encrypted with CurveZMQ when the channel listens off loopback (``wire.py``).
+encrypted with CurveZMQ when the channel listens off loopback (``messages.py``).
 
 ipyparallel starts the ranks and stays their control plane (registration, heartbeats, signals, status); cells
 take this shorter path because an ipyparallel execute or apply request costs every engine about 2 ms of CPU in
@@ -14,7 +14,7 @@ import time
 
 import zmq
 
-from . import wire
+from . import messages
 
 
 class Channel:
@@ -26,8 +26,8 @@ class Channel:
         travels to the ranks inside ipyparallel's encrypted messages (``sent_key``)."""
         self.salt = secrets.token_bytes(16)
         self.sent_key = None if secret else secrets.token_bytes(32)
-        self.key = self.sent_key or wire.derive_key(secret, self.salt)
-        self.signer, self.verifier = wire.Signer(self.key, "notebook"), wire.Verifier(self.key)
+        self.key = self.sent_key or messages.derive_key(secret, self.salt)
+        self.signer, self.verifier = messages.Signer(self.key, "notebook"), messages.Verifier(self.key)
         bind, host = _addresses(ip)
         self.encrypt = not bind.startswith("127.") if encrypt is None else encrypt
         context = zmq.Context.instance()
@@ -37,8 +37,8 @@ class Channel:
         self.events = context.socket(zmq.PULL)
         self.events.setsockopt(zmq.LINGER, 0)
         if self.encrypt:
-            wire.encrypt_server(self.cells, self.key)
-            wire.encrypt_server(self.events, self.key)
+            messages.encrypt_server(self.cells, self.key)
+            messages.encrypt_server(self.events, self.key)
         self.cells_url = f"tcp://{host}:{self.cells.bind_to_random_port(f'tcp://{bind}')}"
         self.events_url = f"tcp://{host}:{self.events.bind_to_random_port(f'tcp://{bind}')}"
         self.poller = zmq.Poller()

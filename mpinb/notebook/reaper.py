@@ -1,11 +1,11 @@
 """Watch the notebook's kernel; if it dies without stopping its world (SIGKILL, OOM), end the world's processes.
 
-Started by :class:`~mpinb.cluster.World` in a session of its own, so a kill of the kernel's process group does
+Started by :class:`~mpinb.notebook.cluster.World` in a session of its own, so a kill of the kernel's process group does
 not take it along. It ends only the processes it was given, each checked by pid *and* start time, and exits as
 soon as they are all gone or the world is stopped normally. A world in a batch job also gives the command that
 cancels the job (``--cancel "scancel 1234"``), run when the kernel dies.
 
-    python -m mpinb.reaper [--cancel COMMAND] KERNEL_PID STATUS_DIR PID:START_TIME [PID:START_TIME ...]
+    python -m mpinb.notebook.reaper [--cancel COMMAND] KERNEL_PID STATUS_DIR PID:START_TIME [PID:START_TIME ...]
 """
 
 import os
@@ -17,7 +17,7 @@ import time
 
 import psutil
 
-from .rank.stacks import ledger_path, native_stderr_path, stack_path, stderr_path
+from ..rank.stacks import ledger_path, native_stderr_path, stack_path, stderr_path
 
 
 def main(argv):

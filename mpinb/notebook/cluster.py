@@ -15,14 +15,14 @@ import weakref
 import psutil
 from IPython.core.error import UsageError
 
-from .channel import Channel
-from .errors import MPIError
+from ..wire.channel import Channel
+from ..errors import MPIError
 from .gather import Receiver
 from .launchers import Placement, SlurmJob, is_this_host
 from . import mpis
-from .ranks import label_ranks
-from .rank import agent
-from .rank import world as rank_world
+from ..wire.ranks import label_ranks
+from ..rank import agent
+from ..rank import world as rank_world
 from .reaper import alive, end_processes, remove_world_files, signal_all
 
 log = logging.getLogger("mpinb")
@@ -128,7 +128,8 @@ class World:
         Seconds to wait for every rank to register before giving up (and stopping what started).
     progress : bool or callable, default True
         Say how each start goes (controller, ranks registered, connection): on stderr with ``True``, or through
-        the :class:`mpinb.views.Progress` the callable returns for each start (the magics' shows in the notebook).
+        the :class:`mpinb.widgets.views.Progress` the callable returns for each start (the magics' shows in the
+        notebook).
     threads : int, default 0
         Threads each rank's math libraries (OpenMP, BLAS, torch, TensorFlow) may use: 0 gives every rank an equal
         share of its host's cores (as ``torchrun`` does); a negative number leaves the libraries' defaults, which
@@ -493,7 +494,7 @@ class World:
 
     def _progress_line(self):
         if self.progress is True:
-            from .views import Progress
+            from ..widgets.views import Progress
 
             return Progress(notebook=False)
         return self.progress() if callable(self.progress) else None
@@ -616,7 +617,7 @@ class World:
         if self._reaper is not None:  # the one started before the ranks registered
             self._reaper.kill()
             self._reaper.wait(timeout=5)
-        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.reaper", *cancel, str(os.getpid()),
+        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.notebook.reaper", *cancel, str(os.getpid()),
                                          self.status_dir, *items],
                                         start_new_session=True, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -12,7 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from .rank.stacks import SIGNAL, WRAPPERS, aborts, native_stderr_path, stderr_path
+from ..rank.stacks import SIGNAL, WRAPPERS, aborts, native_stderr_path, stderr_path
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')

@@ -2,8 +2,8 @@
 
 import pickle
 
-from .ranks import format_ranks, label_ranks
-from .shm import Segments
+from ..wire.ranks import format_ranks, label_ranks
+from ..wire.shm import Segments
 
 
 class Receiver:

@@ -14,15 +14,16 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
-from . import execute, views
+from . import execute
+from ..widgets import views
 from .cluster import World, check_size
-from .errors import Interrupted
+from ..errors import Interrupted
 from .launchers import LAUNCHERS, Placement
 from .live import CellStatus, LiveMetrics, LiveTrace, show_trace
 from .output import RankPrinter
-from .ranks import parse_ranks
-from .widgets.history import History
-from .widgets.status import status_html, status_text
+from ..wire.ranks import parse_ranks
+from .history import History
+from ..widgets.status import status_html, status_text
 
 
 @magics_class
@@ -410,7 +411,7 @@ class MPIMagics(Magics):
                 return []
             return [f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
                     "rank's variables are kept (the values that call left are not meaningful)"]
-        from .ranks import label_ranks
+        from ..wire.ranks import label_ranks
 
         size = self.world.size
         why = f" ({result.unrecoverable})" if result.unrecoverable else ""
@@ -433,11 +434,11 @@ class MPIMagics(Magics):
         return next((rank for rank in self.world.ranks if self.world.on_this_host([rank])), 0)
 
     def _show_inspector(self, result):
-        from .widgets.inspector import inspect_gathered, inspector_text, inspector_widget
+        from ..widgets.inspector import inspect_gathered, inspector_text, inspector_widget
 
         reports = inspect_gathered(result.gathered, result.gather_stats)
         if _in_notebook(self.shell):
-            from .widgets.static import inspector_bundle
+            from ..widgets.static import inspector_bundle
 
             views.show_at_end(lambda: inspector_widget(reports), lambda: inspector_bundle(reports),
                               name="tensor inspector")
@@ -464,7 +465,7 @@ class MPIMagics(Magics):
         if not _DOTTED.match(model):
             raise UsageError(f"%mpi grads takes the model's name on the ranks (model, trainer.model), not {model!r}")
         self._running_world()
-        from .widgets.grads import grad_report, grads_text, grads_widget
+        from ..widgets.grads import grad_report, grads_text, grads_widget
 
         result = self._on_ranks(f"__import__('mpinb.rank.inspect', fromlist=['grad_stats']).grad_stats({model!r})")
         problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "NotComparable"}
@@ -473,7 +474,7 @@ class MPIMagics(Magics):
         result.raise_for_errors()
         reports = grad_report(dict(result.values))
         if _in_notebook(self.shell):
-            from .widgets.static import grads_bundle
+            from ..widgets.static import grads_bundle
 
             views.show_at_end(lambda: grads_widget(reports), lambda: grads_bundle(reports), name="gradient view")
         else:
@@ -494,7 +495,7 @@ class MPIMagics(Magics):
     def show_who(self):
         """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
         self._running_world()
-        from .widgets.who import who_html, who_report, who_text
+        from ..widgets.who import who_html, who_report, who_text
 
         result = self._on_ranks("__import__('mpinb.rank.who', fromlist=['who']).who()")
         result.raise_for_errors()

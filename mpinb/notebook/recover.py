@@ -12,7 +12,7 @@ that differs by rank), nothing is attempted and mpinb restarts the world as befo
 import time
 
 from . import mismatch
-from .ranks import label_ranks
+from ..wire.ranks import label_ranks
 
 
 class Recovery:

@@ -8,8 +8,8 @@ alerts (a metric that became NaN) print as they are found and the per-rank table
 import sys
 import time
 
-from . import views
-from .widgets.summary import summary_text
+from ..widgets import views
+from ..widgets.summary import summary_text
 
 
 class LiveMetrics:
@@ -78,7 +78,7 @@ class LiveMetrics:
 
     def _refresh(self, now, *, live, finished=()):
         if self.view is None:
-            from .widgets.charts import MetricsWidget
+            from ..widgets.charts import MetricsWidget
 
             self.view = MetricsWidget(self.history, max_points=self.max_points)
         if live and not self.displayed and now - self.started >= self.show_after:
@@ -92,7 +92,7 @@ class LiveMetrics:
 
 
     def _static(self):
-        from .widgets.static import metrics_bundle
+        from ..widgets.static import metrics_bundle
 
         log = {key: toggle.value for key, toggle in self.view.log_toggles.items() if toggle.value}
         return metrics_bundle(self.history, list(self.runs), log=log)
@@ -149,7 +149,7 @@ class CellStatus:
 
 class LiveTrace:
     """The trace of one ``%%mpi --trace`` cell: every rank's spans as their batches arrive, and at the end the
-    :class:`~mpinb.traces.Trace`, its summary, and the timeline (a widget in a notebook, text in a terminal).
+    :class:`~mpinb.notebook.traces.Trace`, its summary, and the timeline (a widget in a notebook, text in a terminal).
 
     Parameters
     ----------
@@ -190,8 +190,8 @@ def show_trace(trace, summary=None, *, view):
 
     summary = summary or summarize(trace)
     if view == "widgets":
-        from .widgets.static import timeline_bundle
-        from .widgets.timeline import TimelineWidget
+        from ..widgets.static import timeline_bundle
+        from ..widgets.timeline import TimelineWidget
 
         views.show_at_end(lambda: TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary),
                           name="timeline")

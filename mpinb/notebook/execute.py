@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass, field
 
 from .diagnose import capture_stacks, death_report, fatal_stack, last_stderr
-from .errors import GatherError, MPIError, RankError
+from ..errors import GatherError, MPIError, RankError
 from .gather import missing_message
 from .mismatch import MismatchWatch, after_cell, at_death
 from .output import RankPrinter, rank_ordered
-from .ranks import label_ranks
+from ..wire.ranks import label_ranks
 from .perrank import PerRank
 from .recover import Recovery
 
@@ -68,7 +68,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
-    from ``mpinb.report()`` go to *metrics* (a :class:`~mpinb.live.LiveMetrics`), which is ticked between
+    from ``mpinb.report()`` go to *metrics* (a :class:`~mpinb.notebook.live.LiveMetrics`), which is ticked between
     messages. *options* travel with the cell to the ranks' agents.
 
     The cell is stopped — each running rank's stack captured first, then SIGINT — when *timeout* seconds pass,
@@ -77,14 +77,14 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     afterwards). Where each running rank is, is printed at once. Ranks that do not answer the interrupt within
     *interrupt_grace* seconds (:data:`COMMUNICATION_GRACE` when all of them wait in communication) are listed in
     ``result.stuck``. A rank whose process dies is reported, with what mpiexec said about it, within
-    *liveness_every* seconds. *status* (a :class:`~mpinb.live.CellStatus`) is ticked as the cell runs.
+    *liveness_every* seconds. *status* (a :class:`~mpinb.notebook.live.CellStatus`) is ticked as the cell runs.
 
     When a rank has waited *collective_wait* seconds in one collective, every rank is asked where it is, and
     ranks proven to be in different collectives stop the cell (``result.mismatch``; ``None`` turns it off).
-    Spans of a traced cell go to *trace* (a :class:`~mpinb.live.LiveTrace`). With *recover*, ranks stuck in MPI
+    Spans of a traced cell go to *trace* (a :class:`~mpinb.notebook.live.LiveTrace`). With *recover*, ranks stuck in MPI
     after the interrupt are let out where the other ranks can complete what they wait for (``recover.py``):
     ``result.recovered`` says how, ``result.unrecoverable`` why not; meanwhile a line made by *progress* (a
-    callable returning a :class:`~mpinb.views.Progress`) says what the recovery is doing.
+    callable returning a :class:`~mpinb.widgets.views.Progress`) says what the recovery is doing.
     """
     ranks = world.ranks if ranks is None else list(ranks)
     printer = printer or RankPrinter()

@@ -14,15 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 BLOCK = 1 << 18  # elements per block (1 MB of float32): every rank's block and the difference stay in the cache
-SCAN_BYTES = 4 << 20  # leaves this large (float32, float64) are described here, not on the ranks
-FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _threads = None
-
-
-def scannable(array):
-    """Whether :func:`scan` takes *array*: float32 or float64, contiguous, at least :data:`SCAN_BYTES`."""
-    return (isinstance(array, np.ndarray) and array.dtype in FLOATS and array.nbytes >= SCAN_BYTES
-            and (array.flags.c_contiguous or array.flags.f_contiguous))
 
 
 def scan(arrays):

@@ -95,7 +95,7 @@ def _mpi_section(number, options, body):
     head = f"# ---- cell {number}: %%mpi" + "".join(f"\n# ({note})" for note in notes)
     code = body.rstrip()
     if options.ranks:
-        code = (f"if rank in __import__('mpinb.ranks', fromlist=['parse_ranks']).parse_ranks({options.ranks!r}, "
+        code = (f"if rank in __import__('mpinb.wire.ranks', fromlist=['parse_ranks']).parse_ranks({options.ranks!r}, "
                 f"size):  # --ranks {options.ranks}\n" + textwrap.indent(code or "pass", "    "))
     return f"{head}\n{code}"
 

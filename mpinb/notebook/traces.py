@@ -7,9 +7,9 @@ import html
 import numpy as np
 import pandas as pd
 
-from .rank import chrome
-from .widgets.colors import rank_color
-from .widgets.text import aligned
+from ..rank import chrome
+from ..widgets.colors import rank_color
+from ..widgets.text import aligned
 
 COLUMNS = ["rank", "op", "comm", "peer", "bytes", "start", "end", "seq", "kind", "sent", "received", "detail"]
 BLOCKING = ("collective", "torch")  # kinds whose calls every member enters and waits in
