@@ -44,10 +44,10 @@ import time
 
 import ipyparallel as ipp
 from IPython.core.interactiveshell import InteractiveShell
+from results import OtherLoad
 from traitlets.config import Config
 
 from mpinb.notebook.mpis import default_mpiexec
-from results import OtherLoad
 
 
 class Sample(list):

@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from results import publish  # noqa: E402
 from slurm_cluster import SlurmCluster  # noqa: E402
 
 from mpinb.notebook.cluster import World  # noqa: E402
 from mpinb.notebook.launchers import Placement  # noqa: E402
-from results import publish  # noqa: E402
 
 MARK = "<!-- slurm start -->"
 

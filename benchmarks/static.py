@@ -22,11 +22,11 @@ import time
 import numpy as np
 from results import publish
 
-from mpinb.rank.gather import leaf_stats
+from mpinb.notebook.history import History
 from mpinb.notebook.traces import frame, summarize
+from mpinb.rank.gather import leaf_stats
 from mpinb.widgets import static
 from mpinb.widgets.grads import grad_report
-from mpinb.notebook.history import History
 from mpinb.widgets.inspector import inspect_gathered
 
 MARK = "<!-- static renderings -->"

@@ -3,17 +3,33 @@
 from .wire.ranks import label_ranks
 
 
-class MPIError(Exception):
-    """Something about the MPI world itself went wrong (start, stop, a rank that vanished).
-
-    Its message says what happened and what to do; the notebook shows it without mpinb's own frames.
-    """
+class MpinbError(Exception):
+    """Every error mpinb raises on purpose. Its message says what happened and what to do; IPython shows it
+    without mpinb's own frames (``_render_traceback_``), and the magics show :class:`BadArguments` and
+    :class:`NoMPI` as the one-line ``UsageError`` of a magic."""
 
     def _render_traceback_(self):
-        return [f"\x1b[1;31mMPIError\x1b[0m: {self}"]
+        return [f"\x1b[1;31m{type(self).__name__}\x1b[0m: {self}"]
 
 
-class RankError(Exception):
+class BadArguments(MpinbError, ValueError):
+    """What was asked cannot work as written: a size, a rank set, a launcher, a host file, a scheduler option."""
+
+
+class NoMPI(MpinbError):
+    """No usable MPI: no launcher, no library mpi4py can load, or a launcher and a library of different MPIs."""
+
+
+class MPIError(MpinbError):
+    """The MPI world itself went wrong or is not there: it did not start, it stopped, a rank of it died."""
+
+
+class RankLost(MpinbError):
+    """A rank died or went silent while a cell ran; a :class:`RankError` names it among the cell's failures,
+    with this class's name, and says what the other ranks were doing."""
+
+
+class RankError(MpinbError):
     """A cell raised on one or more ranks.
 
     ``failures`` maps each failing rank to ``{"ename", "evalue", "traceback"}``; identical failures are shown
@@ -21,7 +37,7 @@ class RankError(Exception):
     whose death ended the others) is shown first.
     """
 
-    SECONDARY = ("Timeout", "Aborted", "KeyboardInterrupt", "RankLost")  # shown after the real exceptions
+    SECONDARY = ("Timeout", "Aborted", "KeyboardInterrupt", RankLost.__name__)  # shown after the real exceptions
 
     def __init__(self, failures, ranks, notes=(), *, what="failed", first=None):
         self.what, self.first = what, first
@@ -75,9 +91,10 @@ class Interrupted(KeyboardInterrupt):
         return lines
 
 
-class GatherError(Exception):
-    """``--gather`` could not bring a name back from some ranks; the message names the ranks and the reason,
-    and the values of the other ranks are already in the notebook."""
+class GatherError(MpinbError):
+    """``--gather`` could not bring a value back. On a rank: the value cannot be sent (its message names the
+    type and what to do). In the notebook: some ranks' values are missing; the message names the ranks and the
+    reason, and the values of the other ranks are already in the notebook."""
 
     def _render_traceback_(self):
         return [f"GatherError: {self}"]

@@ -11,9 +11,18 @@ Runs on ranks (under ``%%mpi`` or plain ``mpiexec python train.py``); imports no
     mt.broadcast_optimizer_state(opt)            # every rank resumes from rank 0's optimizer state
 """
 
-from .rank.data_parallel import (DistributedOptimizer, GradientAllreducer, allreduce_gradients,
-                                 broadcast_optimizer_state, broadcast_parameters)
-from .rank.process_group import choose_backend, destroy_process_group, init_process_group
+from .rank.data_parallel import (
+                                 DistributedOptimizer,
+                                 GradientAllreducer,
+                                 allreduce_gradients,
+                                 broadcast_optimizer_state,
+                                 broadcast_parameters,
+)
+from .rank.process_group import (
+                                 choose_backend,
+                                 destroy_process_group,
+                                 init_process_group,
+)
 
 __all__ = ["DistributedOptimizer", "GradientAllreducer", "allreduce_gradients", "broadcast_optimizer_state",
            "broadcast_parameters", "choose_backend", "destroy_process_group", "init_process_group"]

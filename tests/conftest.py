@@ -6,9 +6,8 @@ import tempfile
 
 import psutil
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
-
 import world_record
+from IPython.core.interactiveshell import InteractiveShell
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +115,18 @@ def fresh(world_of, magics, mpi, capsys):
         capsys.readouterr()
 
     return world
+
+
+def text_of(cell_or_outputs):
+    """What a cell printed, returned and raised, as text, in order: from a notebook cell, or from a list of
+    outputs as nbformat writes them (``lab_server.outputs_of`` makes that list from a kernel's messages)."""
+    outputs = cell_or_outputs.outputs if hasattr(cell_or_outputs, "outputs") else cell_or_outputs
+    parts = []
+    for output in outputs:
+        if output["output_type"] == "stream":
+            parts.append(output["text"])
+        elif output["output_type"] in ("execute_result", "display_data"):
+            parts.append(output["data"].get("text/plain", ""))
+        elif output["output_type"] == "error":
+            parts.append(f"{output['ename']}: {output['evalue']}")
+    return "\n".join(parts)

@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 
 from jupyter_server.services.kernels.connection.base import deserialize_binary_message
+from nbformat.v4 import output_from_msg
 from tornado.websocket import websocket_connect
 
 RATE_LIMIT_WARNINGS = ("IOPub message rate exceeded", "IOPub data rate exceeded")
@@ -122,18 +123,10 @@ class Kernel:
         self.connection.close()
 
 
-def text_of(messages):
-    """Everything the cell printed or returned as text, in order."""
-    parts = []
-    for _, message in messages:
-        content = message["content"]
-        if message["msg_type"] == "stream":
-            parts.append(content["text"])
-        elif message["msg_type"] in ("execute_result", "display_data"):
-            parts.append(content["data"].get("text/plain", "") + "\n")
-        elif message["msg_type"] == "error":
-            parts.append(f"{content['ename']}: {content['evalue']}\n")
-    return "".join(parts)
+def outputs_of(messages):
+    """The outputs a notebook would save from a cell's *messages* (``(time, message)`` pairs), in order."""
+    kinds = ("stream", "execute_result", "display_data", "error")
+    return [output_from_msg(message) for _, message in messages if message["msg_type"] in kinds]
 
 
 def busiest(messages, *, seconds, size=lambda message: 1):

@@ -14,7 +14,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 PACKAGES = ("slurm-wlm", "munge")
 SBIN = "/usr/sbin:/sbin"
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import leftover_ranks, new_world_tag
 from lab_server import JupyterServer
 from test_notebooks import NOTEBOOKS

@@ -6,7 +6,6 @@ import re
 import time
 
 import pytest
-
 from conftest import leftover_ranks, new_world_tag
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]

@@ -7,9 +7,9 @@ import signal
 import time
 
 import pytest
+from conftest import assert_all_gone, world_processes
 from IPython.core.error import UsageError
 
-from conftest import assert_all_gone, world_processes
 from mpinb.errors import MPIError, RankError
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]

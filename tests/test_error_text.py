@@ -4,7 +4,6 @@ IPython names them, and the rank that crashed first (real worlds; a real kernel 
 import re
 
 import pytest
-
 from conftest import leftover_ranks, new_world_tag
 from test_debug import kernel, run
 

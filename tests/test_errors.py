@@ -1,3 +1,5 @@
+import pytest
+
 from mpinb.errors import RankError
 
 
@@ -32,3 +34,22 @@ def test_the_rank_whose_death_ended_the_others_comes_first():
     error = RankError(lost, range(2), notes=["%mpi restart starts a fresh world of the same size"], first=1)
     assert [ranks for ranks, _ in error.groups] == [[1], [0]]
     assert str(error).splitlines()[1] == "rank 1: RankLost: rank 1 died: exit code 3"
+
+
+def test_library_code_raises_mpinbs_own_errors_outside_ipython(tmp_path):
+    """World, Placement and the MPI checks raise typed errors a script can catch; only the magics turn the ones
+    about what was asked into IPython's UsageError (the tests of each magic check that)."""
+    from mpinb.errors import BadArguments, MpinbError, NoMPI
+    from mpinb.notebook import mpis
+    from mpinb.notebook.cluster import check_size
+    from mpinb.notebook.launchers import Placement
+
+    with pytest.raises(BadArguments, match="-n takes a number of ranks, at least 1, not 0"):
+        check_size(0)
+    with pytest.raises(BadArguments, match="unknown launcher 'slurmm'"):
+        Placement(launcher="slurmm")
+    with pytest.raises(BadArguments, match="hostfile not found"):
+        Placement(launcher="ssh", hostfile=str(tmp_path / "nowhere"))
+    with pytest.raises(NoMPI, match="mpiexec not found"):
+        mpis.resolve(None, str(tmp_path / "no-such-mpiexec"), None)
+    assert issubclass(BadArguments, ValueError) and issubclass(NoMPI, MpinbError)

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import leftover_ranks, new_world_tag
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from mpinb import read_metrics
 from mpinb.notebook.mpis import default_mpiexec
-
-from conftest import leftover_ranks, new_world_tag
 
 TRAINING = [
     new_markdown_cell("# Data-parallel training, exported"),

@@ -5,8 +5,8 @@ import re
 import threading
 
 import pytest
-
 from conftest import assert_all_gone, world_processes
+
 from mpinb.errors import MPIError, RankError
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(180)]

@@ -8,8 +8,8 @@ import asyncio
 import json
 
 import pytest
-
-from lab_server import busiest, JupyterServer, RATE_LIMIT_WARNINGS, text_of
+from conftest import text_of
+from lab_server import RATE_LIMIT_WARNINGS, JupyterServer, busiest, outputs_of
 
 pytestmark = [pytest.mark.mpi, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -47,10 +47,10 @@ print(json.dumps(dict(checks=checks, batches=live.batches, refreshes=live.refres
 async def flood(root):
     with JupyterServer(root) as server:
         kernel = await server.kernel()
-        started = text_of(await kernel.execute(f"%load_ext mpinb\n%mpi start -n {RANKS}"))
+        started = text_of(outputs_of(await kernel.execute(f"%load_ext mpinb\n%mpi start -n {RANKS}")))
         assert f"MPI world of {RANKS} ranks started" in started, started
         flooded = await kernel.execute(FLOOD)
-        checked = text_of(await kernel.execute(CHECK))
+        checked = text_of(outputs_of(await kernel.execute(CHECK)))
         await kernel.execute("%mpi stop")
         await kernel.close()
         return flooded, checked
@@ -58,7 +58,7 @@ async def flood(root):
 
 def test_flood_of_reports_stays_under_iopub_limits_and_loses_nothing(tmp_path):
     flooded, checked = asyncio.run(flood(tmp_path))
-    printed = text_of(flooded)
+    printed = text_of(outputs_of(flooded))
     assert not any(warning in printed for warning in RATE_LIMIT_WARNINGS), printed
     assert printed.count(f"reported {RATE * SECONDS} values") == RANKS, printed
     counted = [(when, m) for when, m in flooded if m["msg_type"] not in ("status", "comm_open", "execute_input")]

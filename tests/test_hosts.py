@@ -7,7 +7,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from hosts import NETNS_ETC, NETNS_RUN, Hosts, wait_for
 
 pytestmark = pytest.mark.hosts

@@ -6,12 +6,11 @@ import socket
 import sys
 
 import pytest
+from conftest import leftover_ranks, new_world_tag
 from IPython.core.error import UsageError
 from traitlets.config import Config
 
 from mpinb.notebook.launchers import SCHEDULERS, Placement
-
-from conftest import leftover_ranks, new_world_tag
 
 
 @pytest.mark.mpi

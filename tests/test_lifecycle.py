@@ -9,11 +9,11 @@ import textwrap
 
 import psutil
 import pytest
+from conftest import assert_all_gone, world_processes
 from IPython.core.error import UsageError
 
-from conftest import assert_all_gone, world_processes
+from mpinb.errors import MPIError, NoMPI, RankError
 from mpinb.notebook.cluster import World
-from mpinb.errors import MPIError, RankError
 from mpinb.notebook.mpis import library_version
 from mpinb.widgets.status import status_widget
 
@@ -113,9 +113,9 @@ def test_missing_mpiexec_is_a_usage_error_saying_what_to_do(ip, magics, tmp_path
     assert magics.world is None
 
 
-def test_python_without_mpi4py_is_a_usage_error(tmp_path):
+def test_python_without_mpi4py_is_refused_saying_why(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
-    with pytest.raises(UsageError, match="mpi4py cannot load an MPI library"):
+    with pytest.raises(NoMPI, match="mpi4py cannot load an MPI library"):
         library_version(str(tmp_path / "bare" / "bin" / "python"))
 
 

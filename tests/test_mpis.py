@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import assert_all_gone, leftover_ranks, new_world_tag, world_processes
 from IPython.core.error import UsageError
+from test_faults import DEADLOCK
 
 import mpinb
-from conftest import assert_all_gone, leftover_ranks, new_world_tag, world_processes
-from test_faults import DEADLOCK
 from mpinb.errors import MPIError, RankError
 from mpinb.notebook.perrank import PerRank
 

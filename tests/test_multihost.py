@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from hosts import Hosts, wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-from conftest import leftover_ranks, new_world_tag
+from conftest import leftover_ranks, new_world_tag, text_of
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
@@ -60,18 +60,6 @@ def assert_static(notebook):
             assert "application/vnd.jupyter.widget-view+json" not in output.get("data", {}), cell.source[:80]
         if "mpinb.report(" in cell.source and cell.source.startswith("%%mpi"):
             assert any("image/png" in o.get("data", {}) for o in cell.outputs), cell.source[:80]
-
-
-def text_of(cell):
-    parts = []
-    for output in cell.outputs:
-        if output.output_type == "stream":
-            parts.append(output.text)
-        elif output.output_type in ("execute_result", "display_data"):
-            parts.append(output.data.get("text/plain", ""))
-        elif output.output_type == "error":
-            parts.append(f"{output.ename}: {output.evalue}")
-    return "\n".join(parts)
 
 
 def test_quickstart():

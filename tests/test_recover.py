@@ -2,7 +2,6 @@
 collectives and messages match again in the next cell (real worlds; the Stop button case is in test_faults.py)."""
 
 import pytest
-
 from conftest import world_processes
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]

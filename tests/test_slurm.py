@@ -8,13 +8,12 @@ import time
 
 import psutil
 import pytest
+from conftest import leftover_ranks, new_world_tag
 from IPython.core.error import UsageError
+from slurm_cluster import SlurmCluster
+from test_export import TRAINING, export, final_loss, training_notebook
 
 from mpinb.wire.channel import reachable_address
-from slurm_cluster import SlurmCluster
-
-from conftest import leftover_ranks, new_world_tag
-from test_export import TRAINING, export, final_loss, training_notebook
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 

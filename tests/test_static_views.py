@@ -13,8 +13,8 @@ import pytest
 from conftest import leftover_ranks, new_world_tag
 from nbclient import NotebookClient
 
-from mpinb.widgets import static
 from mpinb.notebook.history import History
+from mpinb.widgets import static
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
+from mpinb.notebook import traces as tr
 from mpinb.rank import chrome
 from mpinb.widgets.timeline import TimelineWidget
 
-from mpinb.notebook import traces as tr
 MS = 1_000_000  # nanoseconds
 T0 = 5_000_000_000_000  # a perf_counter_ns() of a long-running host
 

@@ -7,9 +7,14 @@ import bqplot
 import numpy as np
 import pytest
 
-from mpinb.widgets.grads import _table_html, grads_widget
 from mpinb.notebook.history import History
-from mpinb.widgets.inspector import inspect_gathered, inspector_text, inspector_widget, rows
+from mpinb.widgets.grads import _table_html, grads_widget
+from mpinb.widgets.inspector import (
+    inspect_gathered,
+    inspector_text,
+    inspector_widget,
+    rows,
+)
 from mpinb.widgets.summary import summary_html
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]

@@ -11,18 +11,18 @@ import sys
 import tempfile
 import time
 import weakref
+from pathlib import Path
 
 import psutil
-from IPython.core.error import UsageError
 
-from ..wire.channel import Channel
-from ..errors import MPIError
-from .gather import Receiver
-from .launchers import Placement, SlurmJob, is_this_host
-from . import mpis
-from ..wire.ranks import label_ranks
+from ..errors import BadArguments, MPIError
 from ..rank import agent
 from ..rank import world as rank_world
+from ..wire.channel import Channel
+from ..wire.ranks import label_ranks
+from . import mpis
+from .gather import Receiver
+from .launchers import Placement, SlurmJob, is_this_host
 from .reaper import alive, end_processes, remove_world_files, signal_all
 
 log = logging.getLogger("mpinb")
@@ -52,17 +52,17 @@ RANK_MEMORY = 60 << 20  # what one rank's process holds before user code runs (m
 
 
 def check_size(size, placement=None):
-    """*size* as an int if a world can have that many ranks; else ``UsageError`` saying why and what to do.
+    """*size* as an int if a world can have that many ranks; else ``BadArguments`` saying why and what to do.
 
     Ranks that all run on this host (no hostfile, no batch job) must fit in its available memory.
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise UsageError(f"-n takes a number of ranks, at least 1, not {size!r}")
+        raise BadArguments(f"-n takes a number of ranks, at least 1, not {size!r}")
     placement = placement or Placement()
     if not placement.batch and not placement.hostfile:
         available = psutil.virtual_memory().available
         if size * RANK_MEMORY > available:
-            raise UsageError(
+            raise BadArguments(
                 f"-n {size}: {size} ranks on this host would need about {_gigabytes(size * RANK_MEMORY)} of memory "
                 f"before running anything (each rank is a Python process of about {RANK_MEMORY >> 20} MB), and "
                 f"{_gigabytes(available)} is available; ask for at most {max(1, available // RANK_MEMORY)} ranks "
@@ -205,7 +205,7 @@ class World:
         self.placement.check()
         remote = self.placement.remote_hosts()
         if remote and self.loopback:
-            raise UsageError(
+            raise BadArguments(
                 f"ranks on {', '.join(remote[:3])} cannot reach a controller that listens on {self.ip}: add "
                 "--ip with an address of this host they can reach (or 0.0.0.0 for every interface)"
             )
@@ -524,7 +524,7 @@ class World:
         if state == "PENDING":
             reason = where.strip("()")
             if reason in NEVER_RUNS:
-                raise UsageError(
+                raise BadArguments(
                     f"Slurm will not run job {self.job.job_id} as asked ({reason}): {NEVER_RUNS[reason]}; "
                     "scontrol show partition lists what each partition allows"
                 )
@@ -642,10 +642,7 @@ class World:
         """MPI removes its segments at MPI_Finalize; a rank that died cannot, so what is left once every process
         of the world is gone is removed here (only files these ranks had mapped)."""
         for path in self._shared_files:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            Path(path).unlink(missing_ok=True)
         self.shared_files_seen |= self._shared_files
         self._shared_files = set()
 
@@ -691,10 +688,8 @@ def _remove_files(paths):
     """What ipyparallel removes itself when a world ends cleanly, but not when its controller or mpiexec was
     killed: connection files and launcher logs."""
     for path in paths:
-        try:
-            os.unlink(path)
-        except (FileNotFoundError, IsADirectoryError):
-            pass
+        if not os.path.isdir(path):
+            Path(path).unlink(missing_ok=True)
 
 
 def _end_event_thread(cluster):

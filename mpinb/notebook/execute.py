@@ -5,12 +5,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ..errors import GatherError, MPIError, RankError, RankLost
+from ..wire.ranks import label_ranks
 from .diagnose import capture_stacks, death_report, fatal_stack, last_stderr
-from ..errors import GatherError, MPIError, RankError
 from .gather import missing_message
 from .mismatch import MismatchWatch, after_cell, at_death
 from .output import RankPrinter, rank_ordered
-from ..wire.ranks import label_ranks
 from .perrank import PerRank
 from .recover import Recovery
 
@@ -223,7 +223,7 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
             result.values[rank] = reply["value"]
     if result.mismatch is not None and result.first_death is not None:  # MPI ended the job over it
         for rank, error in result.errors.items():
-            if error["ename"] == "RankLost":  # one message for every rank, since it names each rank's part
+            if error["ename"] == RankLost.__name__:  # one message for every rank, since it names each rank's part
                 result.errors[rank] = _lost(f"ranks were in different collectives, and MPI ended the job over "
                                             f"it: {result.mismatch}")
                 result.errors[rank]["ename"] = "CollectiveMismatch"
@@ -369,4 +369,4 @@ def _why_stuck(recovery):
 
 
 def _lost(message, frames=()):
-    return {"ename": "RankLost", "evalue": message, "traceback": list(frames)}
+    return {"ename": RankLost.__name__, "evalue": message, "traceback": list(frames)}

@@ -59,28 +59,23 @@ def export(notebook, *, name="notebook.ipynb"):
 
 def sbatch(script, *, ranks, partition=None, time=None, account=None, mpiexec=None, python=None):
     """A Slurm job script that runs *script* on *ranks* tasks with this environment's ``mpiexec`` and Python."""
+    from .launchers import Placement
     from .mpis import default_mpiexec
 
     stem = os.path.splitext(os.path.basename(script))[0]
-    lines = ["#!/bin/sh", f"#SBATCH --job-name={stem}", f"#SBATCH --ntasks={ranks}",
-             f"#SBATCH --output={stem}-%j.out"]
-    for option, value in (("partition", partition), ("time", time), ("account", account)):
-        if value:
-            lines.append(f"#SBATCH --{option}={value}")
     command = [mpiexec or default_mpiexec(), "-n", "$SLURM_NTASKS", python or sys.executable,
                os.path.abspath(script)]
-    lines += ["", "# mpiexec finds the job's nodes itself (MPICH and Open MPI read Slurm's allocation)",
-              " ".join(word if word.startswith("$") else shlex.quote(word) for word in command)]
-    return "\n".join(lines) + "\n"
+    body = ["", "# mpiexec finds the job's nodes itself (MPICH and Open MPI read Slurm's allocation)",
+            " ".join(word if word.startswith("$") else shlex.quote(word) for word in command)]
+    placement = Placement(launcher="slurm", partition=partition, time=time, account=account)
+    return placement.script([f"--job-name={stem}", f"--ntasks={ranks}", f"--output={stem}-%j.out"], body)
 
 
 def _options(line, number):
-    from IPython.core import magic_arguments
-
-    from .magics import MPIMagics
+    from .arguments import parse_cell_line
 
     try:
-        return magic_arguments.parse_argstring(MPIMagics.mpi_cell, line.split(None, 1)[1] if " " in line else "")
+        return parse_cell_line(line.split(None, 1)[1] if " " in line else "")
     except Exception as exc:  # noqa: BLE001 - the parser raises UsageError; say which cell
         raise ExportError(f"cell {number}: cannot read {line.strip()!r}: {exc}") from None
 

@@ -13,7 +13,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from IPython.core.error import UsageError
+from ..errors import BadArguments
 
 
 @dataclass(frozen=True)
@@ -75,23 +75,23 @@ class Placement:
         self.launcher = (self.launcher or "mpi").lower()
         self.scheduler_args = list(self.scheduler_args or ())
         if self.launcher in _NOT_MPI:
-            raise UsageError(
+            raise BadArguments(
                 f"ipyparallel's {self.launcher!r} launcher starts engines one by one, so they would not form "
                 f"one MPI world; use one of: {', '.join(LAUNCHERS)}"
             )
         if self.launcher not in LAUNCHERS:
-            raise UsageError(f"unknown launcher {self.launcher!r}; choose one of: {', '.join(LAUNCHERS)}")
+            raise BadArguments(f"unknown launcher {self.launcher!r}; choose one of: {', '.join(LAUNCHERS)}")
         if self.launcher == "ssh" and not self.hostfile:
-            raise UsageError("--launcher ssh needs --hostfile FILE: the hosts mpiexec starts ranks on over ssh")
+            raise BadArguments("--launcher ssh needs --hostfile FILE: the hosts mpiexec starts ranks on over ssh")
         if self.hostfile:
             self.hostfile = os.path.abspath(os.path.expanduser(self.hostfile))
             if not os.path.isfile(self.hostfile):
-                raise UsageError(f"hostfile not found: {self.hostfile}")
+                raise BadArguments(f"hostfile not found: {self.hostfile}")
         asked = [name for name in ("partition", "time", "account") if getattr(self, name)]
         if self.scheduler_args:
             asked.append("scheduler_args")
         if asked and self.scheduler is None:
-            raise UsageError(f"{', '.join(asked)} only mean something to a batch launcher "
+            raise BadArguments(f"{', '.join(asked)} only mean something to a batch launcher "
                              f"(--launcher {'|'.join(SCHEDULERS)}), not to {self.launcher!r}")
 
     @property
@@ -111,9 +111,9 @@ class Placement:
         return f"hosts from {self.hostfile}" if self.hostfile else ""
 
     def check(self):
-        """Raise a ``UsageError`` when the scheduler's submit command is not here."""
+        """Raise ``BadArguments`` when the scheduler's submit command is not here."""
         if self.scheduler is not None and shutil.which(self.scheduler.submit) is None:
-            raise UsageError(f"{self.scheduler.submit} not found: --launcher {self.launcher} submits with it; run "
+            raise BadArguments(f"{self.scheduler.submit} not found: --launcher {self.launcher} submits with it; run "
                              f"the notebook on a host of the {self.scheduler.name} cluster (a login node)")
 
     def remote_hosts(self):
@@ -155,18 +155,23 @@ class Placement:
         ``{n}``, ``{cluster_id}``, ``{output_file}`` and ``{program_and_args}`` are filled in by ipyparallel;
         braces in the user's own values are escaped.
         """
+        command = " ".join(shlex.quote(_escape(word)) for word in [mpiexec, "-n"]) + " {n} "
+        command += " ".join(shlex.quote(_escape(word)) for word in mpiexec_args)
+        return self.script([self.scheduler.tasks, *self.scheduler.header], [f"exec {command} {{program_and_args}}"],
+                           escape=_escape)
+
+    def script(self, header, body, *, escape=str):
+        """A job script: the *header* directives, then this placement's partition, time, account and scheduler
+        arguments, each passed through *escape*, then the *body* lines."""
         s = self.scheduler
-        directives = [s.tasks, *s.header]
+        directives = list(header)
         for name in ("partition", "time", "account"):
             value = getattr(self, name)
             if value:
                 template = s.queue if name == "partition" else getattr(s, name)
-                directives.append(template.format(_escape(value)))
-        directives += [_escape(arg) for arg in self.scheduler_args]
-        command = " ".join(shlex.quote(_escape(word)) for word in [mpiexec, "-n"]) + " {n} "
-        command += " ".join(shlex.quote(_escape(word)) for word in mpiexec_args)
-        lines = ["#!/bin/sh", *(f"{s.prefix} {d}" for d in directives), f"exec {command} {{program_and_args}}"]
-        return "\n".join(lines) + "\n"
+                directives.append(template.format(escape(value)))
+        directives += [escape(arg) for arg in self.scheduler_args]
+        return "\n".join(["#!/bin/sh", *(f"{s.prefix} {d}" for d in directives), *body]) + "\n"
 
 
 def _batch_launcher(name):
@@ -188,7 +193,7 @@ def _batch_launcher(name):
                                   timeout=120, **kwargs)
             said = done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}"
             if done.returncode != 0 and command[:1] != self.delete_command[:1]:
-                raise UsageError(f"{command[0]} refused the job: {said}")
+                raise BadArguments(f"{command[0]} refused the job: {said}")
             if done.returncode != 0:  # cancelling a job that has already ended: nothing left to do
                 self.log.debug("%s: %s", command[0], said)
             return done.stdout

@@ -1,5 +1,6 @@
 """``%mpi`` and ``%%mpi``: parse arguments, then hand over to plain functions in cluster.py and execute.py."""
 
+import functools
 import keyword
 import math
 import re
@@ -10,20 +11,31 @@ import time
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
-from . import execute
+from ..errors import BadArguments, Interrupted, NoMPI
 from ..widgets import views
+from ..widgets.status import status_html, status_text
+from ..wire.ranks import parse_ranks
+from . import arguments, execute
 from .cluster import World, check_size
-from ..errors import Interrupted
+from .history import History
 from .launchers import LAUNCHERS, Placement
 from .live import CellStatus, LiveMetrics, LiveTrace, show_trace
 from .output import RankPrinter
-from ..wire.ranks import parse_ranks
-from .history import History
-from ..widgets.status import status_html, status_text
+
+
+def _usage(method):
+    """*method* with mpinb's errors about what was asked (bad arguments, no usable MPI) shown as IPython shows a
+    magic's: a one-line ``UsageError``."""
+    @functools.wraps(method)
+    def shown(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except (BadArguments, NoMPI) as exc:
+            raise UsageError(str(exc)) from None
+    return shown
 
 
 @magics_class
@@ -116,6 +128,7 @@ class MPIMagics(Magics):
     # ------------------------------------------------------------------ %mpi
 
     @line_magic
+    @_usage
     def mpi(self, line=""):
         """Start, stop and inspect the MPI world.
 
@@ -168,7 +181,7 @@ class MPIMagics(Magics):
             In [5]: %mpi stop
             In [6]: %mpi start -n 64 --launcher slurm --partition gpu --time 1:00:00 --ip 0.0.0.0
         """
-        args = _line_parser().parse_args(_split(line, "%mpi"))
+        args = arguments.line_parser().parse_args(_split(line, "%mpi"))
         if args.command == "start":
             if self.world is not None and self.world.running:
                 raise UsageError(
@@ -209,25 +222,9 @@ class MPIMagics(Magics):
 
     # ------------------------------------------------------------------ %%mpi
 
-    @magic_arguments.magic_arguments(name="mpi")
-    @magic_arguments.argument("-n", type=int, default=None,
-                              help="number of ranks; starts a world of that size if none is running")
-    @magic_arguments.argument("--ranks", default=None,
-                              help="run on these ranks only: 0,2 or 1-3 (default: all)")
-    @magic_arguments.argument("--no-stream", dest="stream", action="store_false", default=None,
-                              help="collect output and print it rank by rank when the cell ends")
-    @magic_arguments.argument("--stream", dest="stream", action="store_true", default=None,
-                              help="print output as it arrives, each line labelled [rank R] (default)")
-    @magic_arguments.argument("--gather", nargs="+", default=None, metavar="NAME",
-                              help="after the cell, NAME in the notebook is a mapping rank -> that rank's value")
-    @magic_arguments.argument("--no-inspect", dest="inspect", action="store_false", default=True,
-                              help="gather without showing the tensor inspector")
-    @magic_arguments.argument("--timeout", type=float, default=None, metavar="S",
-                              help="stop the cell after S seconds, showing where every rank still running is")
-    @magic_arguments.argument("--trace", action="store_true", default=False,
-                              help="record every rank's MPI calls and show who waits for whom (%%mpi trace, "
-                                   "mpinb.trace())")
     @cell_magic("mpi")
+    @arguments.cell_arguments
+    @_usage
     def mpi_cell(self, line="", cell=""):
         """Run the cell on every rank of the MPI world.
 
@@ -434,7 +431,11 @@ class MPIMagics(Magics):
         return next((rank for rank in self.world.ranks if self.world.on_this_host([rank])), 0)
 
     def _show_inspector(self, result):
-        from ..widgets.inspector import inspect_gathered, inspector_text, inspector_widget
+        from ..widgets.inspector import (
+            inspect_gathered,
+            inspector_text,
+            inspector_widget,
+        )
 
         reports = inspect_gathered(result.gathered, result.gather_stats)
         if _in_notebook(self.shell):
@@ -545,44 +546,6 @@ def _split(line, magic):
         return shlex.split(line)
     except ValueError as exc:
         raise UsageError(f"{magic} {line}: {str(exc).lower()} (close the quote, or escape it with \\)") from None
-
-
-def _line_parser():
-    parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
-    commands = parser.add_subparsers(dest="command",
-                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug}")
-    commands.required = True
-    start = commands.add_parser("start", help="start a world of N ranks")
-    start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
-    start.add_argument("--mpi", default=None,
-                       help="which MPI: mpich, openmpi, impi, or an mpiexec's path (default: MPIMagics.default_mpi)")
-    start.add_argument("--mpiexec", default=None, help="mpiexec to use; its MPI is read from its --version")
-    start.add_argument("--mpiexec-arg", action="append", default=None, help="extra mpiexec argument (repeatable)")
-    start.add_argument("--ip", default=None,
-                       help="address the controller listens on (default loopback); ranks on other hosts need one")
-    start.add_argument("--launcher", default=None, type=str.lower,
-                       help=f"how ranks start: {', '.join(LAUNCHERS)} (default: MPIMagics.launcher, mpi)")
-    start.add_argument("--hostfile", default=None, help="hosts file for mpiexec (mpi and ssh launchers)")
-    start.add_argument("--partition", "--queue", default=None, help="batch job's partition (queue)")
-    start.add_argument("--time", default=None, help="batch job's time limit, e.g. 00:30:00")
-    start.add_argument("--account", default=None, help="account the batch job is charged to")
-    start.add_argument("--scheduler-arg", action="append", default=None,
-                       help="more job-script directives, e.g. --scheduler-arg=--gres=gpu:1 (repeatable)")
-    commands.add_parser("stop", help="stop the world and every process it started")
-    restart = commands.add_parser("restart", help="fresh processes, same size unless -n")
-    restart.add_argument("-n", type=int, default=None, help="new number of ranks")
-    commands.add_parser("status", help="rank, host, pid and state of every rank")
-    commands.add_parser("output", help="the last cell's output, rank by rank")
-    metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
-    metrics.add_argument("--run", default=None, help="only this run (default: all)")
-    grads = commands.add_parser("grads", help="per layer and rank: gradient norms, and where ranks disagree")
-    grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
-    commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
-    commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
-    commands.add_parser("who", help="every name on the ranks, with the names that differ between ranks flagged")
-    debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here")
-    debug.add_argument("rank", type=int, help="the rank")
-    return parser
 
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

@@ -9,10 +9,10 @@ cell without entering it); a rank that is merely late is waited for, and asked a
 
 import time
 
-from .diagnose import RankStack, capture_stacks
-from ..wire.ranks import label_ranks
 from ..rank.stacks import ledger_path
 from ..rank.tracing import read_mirror
+from ..wire.ranks import label_ranks
+from .diagnose import RankStack, capture_stacks
 
 
 class MismatchWatch:

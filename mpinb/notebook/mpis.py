@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 
-from IPython.core.error import UsageError
+from ..errors import BadArguments, NoMPI
 
 FAMILIES = {"mpich": "MPICH", "openmpi": "Open MPI", "impi": "Intel MPI"}
 SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40", "impi": "libmpi.so.12"}
@@ -74,7 +74,7 @@ def resolve(mpi=None, mpiexec=None, library=None):
         mpi = ALIASES.get(mpi.lower(), mpi.lower()) if mpi.lower() in ALIASES or mpi.lower() in FAMILIES else mpi
         if mpi not in FAMILIES:
             if shutil.which(os.path.expanduser(mpi)) is None:
-                raise UsageError(f"--mpi takes {', '.join(FAMILIES)} or the path of an mpiexec, not {mpi!r}")
+                raise BadArguments(f"--mpi takes {', '.join(FAMILIES)} or the path of an mpiexec, not {mpi!r}")
             mpiexec, mpi = mpi, None
     if mpiexec:
         found = describe(_which(mpiexec), expect=mpi)
@@ -84,7 +84,7 @@ def resolve(mpi=None, mpiexec=None, library=None):
         found = describe(_which(default_mpiexec()))
     if library:
         if not os.path.exists(os.path.expanduser(library)):
-            raise UsageError(f"MPI library not found: {library!r} (the path of a libmpi.so for the ranks)")
+            raise NoMPI(f"MPI library not found: {library!r} (the path of a libmpi.so for the ranks)")
         found = MPI(found.family, found.mpiexec, os.path.abspath(os.path.expanduser(library)), found.version)
     return found
 
@@ -104,7 +104,7 @@ def describe(mpiexec, *, expect=None):
     if family is None and not expect:  # srun, a site's wrapper: the ranks load what mpi4py finds by itself
         return MPI(None, mpiexec, None, version)
     if expect and family not in (expect, None) and {family, expect} != {"mpich", "impi"}:
-        raise UsageError(f"{mpiexec} is {FAMILIES[family]}'s launcher, not {FAMILIES[expect]}'s "
+        raise NoMPI(f"{mpiexec} is {FAMILIES[family]}'s launcher, not {FAMILIES[expect]}'s "
                          f"({version}); install {FAMILIES[expect]} ({INSTALL[expect]}) or give its mpiexec")
     family = expect or family
     return MPI(family, mpiexec, find_library(mpiexec, family), version)
@@ -154,7 +154,7 @@ def find_library(mpiexec, family):
 def _which(mpiexec):
     found = shutil.which(os.path.expanduser(mpiexec))
     if found is None:
-        raise UsageError(
+        raise NoMPI(
             f"mpiexec not found: {mpiexec!r}.\n"
             f"Install an MPI in this environment ({INSTALL['mpich']}), or point mpinb at another: "
             "%mpi start --mpi openmpi|impi|/path/to/mpiexec, or %config MPIMagics.default_mpi = '/path/to/mpiexec'."
@@ -172,7 +172,7 @@ def _find_launcher(family):
         for found in [os.path.join(place, name) for place in places] + [shutil.which(name)]:
             if found and os.access(found, os.X_OK) and family_of(launcher_version(found)) == family:
                 return os.path.abspath(found)
-    raise UsageError(f"no {FAMILIES[family]} launcher found (looked for {', '.join(LAUNCHERS[family])} beside "
+    raise NoMPI(f"no {FAMILIES[family]} launcher found (looked for {', '.join(LAUNCHERS[family])} beside "
                      f"this Python and on PATH): {INSTALL[family]}; or give its path: %mpi start --mpi "
                      "/path/to/mpiexec")
 
@@ -187,10 +187,10 @@ def library_version(python, library=None):
     try:
         done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"could not run {python} to check mpi4py: {exc}") from None
+        raise NoMPI(f"could not run {python} to check mpi4py: {exc}") from None
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise UsageError(
+        raise NoMPI(
             f"mpi4py cannot load an MPI library in {python}{f' from {library}' if library else ''}:\n{tail}\n"
             f"Install mpi4py with an MPI (pip install mpinb[mpich]), or build mpi4py against your system MPI "
             "(env MPICC=/path/to/mpicc pip install --no-binary=mpi4py mpi4py)."
@@ -199,7 +199,7 @@ def library_version(python, library=None):
 
 
 def check(mpi, python=sys.executable):
-    """The library version line the ranks will load; a ``UsageError`` naming both when launcher and library
+    """The library version line the ranks will load; ``NoMPI`` naming both when launcher and library
     belong to different MPIs (an Open MPI launcher with MPICH's library fails at MPI_Init; the other way round
     starts N worlds of one rank)."""
     version = library_version(python, mpi.library)
@@ -208,7 +208,7 @@ def check(mpi, python=sys.executable):
         return " ".join(version.split())
     compatible = {mpi.family, library_family} <= {"mpich", "impi"} or library_family == mpi.family
     if library_family is not None and not compatible:
-        raise UsageError(
+        raise NoMPI(
             f"{mpi.mpiexec} is {mpi.name}'s launcher ({mpi.version}), but the ranks would load "
             f"{FAMILIES[library_family]}'s library ({' '.join(version.split())}"
             f"{', ' + mpi.library if mpi.library else ''}): give them {mpi.name}'s "

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -104,10 +105,7 @@ def remove_world_files(status_dir, pids, stack_files=()):
         shutil.rmtree(status_dir, ignore_errors=True)
     for path in {*stack_files, *(stack_path(pid) for pid in pids)}:
         for kept in (path, stderr_path(path), native_stderr_path(path), ledger_path(path)):
-            try:
-                os.unlink(kept)
-            except FileNotFoundError:
-                pass
+            Path(kept).unlink(missing_ok=True)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

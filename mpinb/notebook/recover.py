@@ -11,8 +11,8 @@ that differs by rank), nothing is attempted and mpinb restarts the world as befo
 
 import time
 
-from . import mismatch
 from ..wire.ranks import label_ranks
+from . import mismatch
 
 
 class Recovery:

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import zmq
 
-from ..wire import shm, messages
+from ..wire import messages, shm
 from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
 
 _agent = None

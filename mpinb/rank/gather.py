@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from ..errors import GatherError
 from ..wire.gathered import scannable
 
 HISTOGRAM_BINS = 30
@@ -81,10 +82,6 @@ def _rebuild_array(array, dtype, framework):
         with tf.device("CPU:0"):
             return tf.constant(array)
     return array
-
-
-class GatherError(Exception):
-    """A value that cannot be gathered; its message names the type and what to do."""
 
 
 def collect(names, namespace, *, stats=True):

@@ -79,7 +79,7 @@ class Recorder:
         if self.sink is None:
             self.sink = ScriptSink()
         defer = self.sink.batches
-        values = {name: _number(name, value, defer=defer) for name, value in metrics.items()}
+        values = {name: _as_float(name, value, defer=defer) for name, value in metrics.items()}
         if _trace.spans is not None:
             _trace.mark_step(step)
         # the last item: seconds this rank has spent in communication so far (its wait time per step)
@@ -169,7 +169,7 @@ def nonfinite_message(name, value, step):
     return f"{name} became {word} at step {step}"
 
 
-def _number(name, value, *, defer=False):
+def _as_float(name, value, *, defer=False):
     """*value* as a float, or (with *defer*) a detached copy of a one-element accelerator tensor to read later.
 
     Takes Python and numpy numbers and one-element arrays of any framework: torch, numpy, JAX, TensorFlow.

@@ -7,7 +7,6 @@ import traceback
 
 from . import stacks
 
-
 _RESULT = "_mpinb_cell_value"
 
 

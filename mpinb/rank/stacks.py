@@ -17,6 +17,7 @@ import re
 import signal
 import tempfile
 import threading
+from pathlib import Path
 
 SIGNAL = signal.SIGUSR2
 # mpinb's wrappers around MPI calls (rank/intercept.py, rank/trace_torch.py): not where the user's code is, so
@@ -159,10 +160,7 @@ def remove():
         path = _file.name
         _file.close()
         _file = None
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        Path(path).unlink(missing_ok=True)
 
 
 def main_thread_stack():

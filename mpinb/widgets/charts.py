@@ -9,9 +9,9 @@ import bqplot
 import ipywidgets as w
 import numpy as np
 
+from ..notebook.history import decimate
 from ..rank.report import DEFAULT_RUN
 from .colors import rank_color
-from ..notebook.history import decimate
 from .summary import summary_html
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from html import escape as _escape
 
 from ..wire.ranks import label_ranks
-from .text import aligned
+from .text import aligned, number
 
 RTOL = 1e-6
 NAN_COLOR = "#9e9e9e"  # heatmap cells whose gradient norm is NaN (or missing)
@@ -124,9 +124,9 @@ def grads_text(reports):
     header = ["layer", "shape", *(f"|grad| r{r}" for r in ranks), "grad max|Δ|", "weight max|Δ|", "flags"]
     table = [header]
     for report in reports:
-        norms = [_number(report.grad_norm.get(r)) for r in ranks]
+        norms = [number(report.grad_norm.get(r)) for r in ranks]
         table.append([report.layer + (" (buffer)" if report.kind == "buffer" else ""), str(report.shape), *norms,
-                      _number(report.grad_diff) if report.grad_norm else "", _number(report.diff),
+                      number(report.grad_diff) if report.grad_norm else "", number(report.diff),
                       "; ".join(report.flags)])
     return "\n".join([_verdict(reports), *aligned(table)])
 
@@ -200,8 +200,8 @@ def _table_html(reports):
     body = []
     for report in reports:
         cells = [report.layer + (" (buffer)" if report.kind == "buffer" else ""), str(report.shape)]
-        cells += [_number(report.grad_norm.get(r)) for r in ranks]
-        cells += [_number(report.grad_diff) if report.grad_norm else "", _number(report.diff)]
+        cells += [number(report.grad_norm.get(r)) for r in ranks]
+        cells += [number(report.grad_diff) if report.grad_norm else "", number(report.diff)]
         tds = "".join(f"<td style='padding-right:12px;white-space:nowrap'>{_escape(c)}</td>" for c in cells)
         flags = "<br>".join(_escape(f"[{shared[flag][0]}] {_head(flag)}" if flag in shared else flag)
                             for flag in report.flags)
@@ -238,8 +238,5 @@ def _ratio(norms, rank):
     median = statistics.median(finite)
     return value / median if median else (1.0 if value == 0 else math.nan)
 
-
-def _number(value):
-    return "" if value is None else f"{value:.4g}"
 
 

@@ -11,12 +11,18 @@ from html import escape
 
 import numpy as np
 
-from ..rank.gather import HISTOGRAM_SAMPLE, computable, framework_array, histogram, leaf_stats
 from ..notebook.scan import scan
+from ..rank.gather import (
+    HISTOGRAM_SAMPLE,
+    computable,
+    framework_array,
+    histogram,
+    leaf_stats,
+)
 from ..wire.gathered import scannable
 from ..wire.ranks import label_ranks
 from .colors import rank_color
-from .text import aligned
+from .text import aligned, number
 
 STAT_COLUMNS = ("shape", "dtype", "device", "norm", "min", "max", "mean", "nan", "inf", "max |Δ| to first")
 
@@ -225,7 +231,7 @@ def verdict(report):
     parts = []
     if report.differing:
         worst = max(report.diff[r] for r in report.differing)
-        parts.append(f"differs on {label_ranks(report.differing)} (max |Δ| {_number(worst)})")
+        parts.append(f"differs on {label_ranks(report.differing)} (max |Δ| {number(worst)})")
     if report.missing:
         parts.append(f"missing on {label_ranks(report.missing)}")
     all_nan = [r for r, s in sorted(report.stats.items()) if _all_nan(s)]
@@ -251,13 +257,13 @@ def rows(report):
     out = {}
     for rank, stats in sorted(report.stats.items()):
         if "value" in stats:
-            out[rank] = [repr(stats["value"])] + [""] * (len(STAT_COLUMNS) - 2) + [_number(report.diff[rank])]
+            out[rank] = [repr(stats["value"])] + [""] * (len(STAT_COLUMNS) - 2) + [number(report.diff[rank])]
             continue
         cells = [str(tuple(stats["shape"])), stats["dtype"], stats["device"]]
         nothing_finite = "nan" in stats and "norm" not in stats  # counted, but no finite value to describe
-        cells += ["nan" if nothing_finite else _number(stats.get(key)) for key in ("norm", "min", "max", "mean")]
+        cells += ["nan" if nothing_finite else number(stats.get(key)) for key in ("norm", "min", "max", "mean")]
         nan = f"{stats['nan']} (all NaN)" if _all_nan(stats) else str(stats.get("nan", ""))
-        cells += [nan, str(stats.get("inf", "")), _number(report.diff.get(rank))]
+        cells += [nan, str(stats.get("inf", "")), number(report.diff.get(rank))]
         out[rank] = cells
     return out
 
@@ -327,7 +333,3 @@ def _escape(text):
     return escape(str(text))
 
 
-def _number(value):
-    if value is None or value == "":
-        return ""
-    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -3,7 +3,7 @@
 import html
 
 from .colors import rank_color
-from .text import aligned
+from .text import aligned, number
 
 
 def _cells(history, run, *, now=None, live=False, finished=()):
@@ -13,7 +13,7 @@ def _cells(history, run, *, now=None, live=False, finished=()):
     header = ["rank", "step", *names, "steps/s", *(["wait ms/step"] if waits else []), "notes"]
     rows = []
     for row in summary:
-        values = [_number(row["values"].get(name)) for name in names]
+        values = [number(row["values"].get(name), 5) for name in names]
         rate = "" if row["rate"] is None else f"{row['rate']:.1f}"
         wait = ["" if row["wait"] is None else f"{row['wait'] * 1e3:.1f}"] if waits else []
         rows.append((row["rank"], [str(row["rank"]), str(row["step"]), *values, rate, *wait,
@@ -46,5 +46,3 @@ def summary_html(history, run, *, now=None, live=False, finished=()):
             f"<tr>{head}</tr>{''.join(body)}</table>")
 
 
-def _number(value):
-    return "" if value is None else f"{value:.5g}"

@@ -19,6 +19,7 @@ import os
 import secrets
 import tempfile
 import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -40,14 +41,6 @@ def layout(sizes):
         offsets.append(end)
         end += -(-size // ALIGN) * ALIGN
     return offsets, end
-
-
-def unlink_quietly(path):
-    """Remove *path*; one already gone is fine."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class Segment:
@@ -81,7 +74,7 @@ class Segment:
             self.map.close()
             self.map = None
         os.close(self.fd)
-        unlink_quietly(self.path)  # the notebook has usually unlinked it already
+        Path(self.path).unlink(missing_ok=True)  # the notebook has usually unlinked it already
 
 
 class Pool:
@@ -150,7 +143,7 @@ class Segments:
         fd = self.files.get((rank, path))
         if fd is None:
             fd = self.files[(rank, path)] = os.open(path, os.O_RDONLY)
-            unlink_quietly(path)
+            Path(path).unlink(missing_ok=True)
         size = os.fstat(fd).st_size
         if size == 0 or not sizes:
             self.released.append((rank, lease))

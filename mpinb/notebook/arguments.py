@@ -1,0 +1,83 @@
+"""The arguments of ``%mpi`` and ``%%mpi``, defined once: the magics parse with them and ``mpinb export`` reads
+the ``%%mpi`` lines of a notebook with them."""
+
+from IPython.core import magic_arguments
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from .launchers import LAUNCHERS
+
+CELL = [  # %%mpi's arguments, in the order its help lists them
+    (("-n",), dict(type=int, default=None, help="number of ranks; starts a world of that size if none is running")),
+    (("--ranks",), dict(default=None, help="run on these ranks only: 0,2 or 1-3 (default: all)")),
+    (("--no-stream",), dict(dest="stream", action="store_false", default=None,
+                            help="collect output and print it rank by rank when the cell ends")),
+    (("--stream",), dict(dest="stream", action="store_true", default=None,
+                         help="print output as it arrives, each line labelled [rank R] (default)")),
+    (("--gather",), dict(nargs="+", default=None, metavar="NAME",
+                         help="after the cell, NAME in the notebook is a mapping rank -> that rank's value")),
+    (("--no-inspect",), dict(dest="inspect", action="store_false", default=True,
+                             help="gather without showing the tensor inspector")),
+    (("--timeout",), dict(type=float, default=None, metavar="S",
+                          help="stop the cell after S seconds, showing where every rank still running is")),
+    (("--trace",), dict(action="store_true", default=False,
+                        help="record every rank's MPI calls and show who waits for whom (%%mpi trace, "
+                             "mpinb.trace())")),
+]
+
+
+def cell_arguments(func):
+    """*func* with ``%%mpi``'s arguments (:data:`CELL`): its ``parser``, and their help after its docstring."""
+    for names, options in reversed(CELL):
+        func = magic_arguments.argument(*names, **options)(func)
+    return magic_arguments.magic_arguments(name="mpi")(func)
+
+
+def parse_cell_line(line):
+    """The options of a ``%%mpi`` line's arguments (the text after ``%%mpi``); ``UsageError`` when they are wrong."""
+    return magic_arguments.parse_argstring(_cell_line, line)
+
+
+@cell_arguments
+def _cell_line(line="", cell=""):
+    """Run the cell on every rank of the MPI world."""
+
+
+def line_parser():
+    """``%mpi``'s parser: one subcommand per action."""
+    parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
+    commands = parser.add_subparsers(dest="command",
+                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug}")
+    commands.required = True
+    start = commands.add_parser("start", help="start a world of N ranks")
+    start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
+    start.add_argument("--mpi", default=None,
+                       help="which MPI: mpich, openmpi, impi, or an mpiexec's path (default: MPIMagics.default_mpi)")
+    start.add_argument("--mpiexec", default=None, help="mpiexec to use; its MPI is read from its --version")
+    start.add_argument("--mpiexec-arg", action="append", default=None, help="extra mpiexec argument (repeatable)")
+    start.add_argument("--ip", default=None,
+                       help="address the controller listens on (default loopback); ranks on other hosts need one")
+    start.add_argument("--launcher", default=None, type=str.lower,
+                       help=f"how ranks start: {', '.join(LAUNCHERS)} (default: MPIMagics.launcher, mpi)")
+    start.add_argument("--hostfile", default=None, help="hosts file for mpiexec (mpi and ssh launchers)")
+    start.add_argument("--partition", "--queue", default=None, help="batch job's partition (queue)")
+    start.add_argument("--time", default=None, help="batch job's time limit, e.g. 00:30:00")
+    start.add_argument("--account", default=None, help="account the batch job is charged to")
+    start.add_argument("--scheduler-arg", action="append", default=None,
+                       help="more job-script directives, e.g. --scheduler-arg=--gres=gpu:1 (repeatable)")
+    commands.add_parser("stop", help="stop the world and every process it started")
+    restart = commands.add_parser("restart", help="fresh processes, same size unless -n")
+    restart.add_argument("-n", type=int, default=None, help="new number of ranks")
+    commands.add_parser("status", help="rank, host, pid and state of every rank")
+    commands.add_parser("output", help="the last cell's output, rank by rank")
+    metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
+    metrics.add_argument("--run", default=None, help="only this run (default: all)")
+    grads = commands.add_parser("grads", help="per layer and rank: gradient norms, and where ranks disagree")
+    grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
+    commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
+    commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
+    commands.add_parser("who", help="every name on the ranks, with the names that differ between ranks flagged")
+    debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here")
+    debug.add_argument("rank", type=int, help="the rank")
+    return parser
+
+
