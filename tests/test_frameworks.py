@@ -169,12 +169,14 @@ def test_bfloat16_from_jax_and_tensorflow_gets_real_statistics(tf, jax, world_of
 def test_report_takes_one_element_tensorflow_and_jax_arrays(tf, jax):
     recorder = Recorder()
     recorder.sink = AgentSink(notify=lambda: None)
-    recorder.report(0, None, {"tf": tf.constant([0.5]), "tf 0-d": tf.constant(2.0), "tf bf16": tf.constant(
-        [[1.5]], dtype=tf.bfloat16), "tf bf16 0-d": tf.constant(-1.5, dtype=tf.bfloat16), "tf variable": tf.Variable([4.0]), "jax": jax.numpy.array([0.25]),
-        "jax bf16": jax.numpy.array(3.5, dtype=jax.numpy.bfloat16), "jax int": jax.numpy.array([7])})
+    recorder.report(0, None, {
+        "tf": tf.constant([0.5]), "tf 0-d": tf.constant(2.0), "tf bf16": tf.constant([[1.5]], dtype=tf.bfloat16),
+        "tf bf16 0-d": tf.constant(-1.5, dtype=tf.bfloat16), "tf variable": tf.Variable([4.0]),
+        "jax": jax.numpy.array([0.25]), "jax bf16": jax.numpy.array(3.5, dtype=jax.numpy.bfloat16),
+        "jax int": jax.numpy.array([7])})
     ((_, _, _, values, _),) = recorder.sink.drain()
-    assert values == {"tf": 0.5, "tf 0-d": 2.0, "tf bf16": 1.5, "tf bf16 0-d": -1.5, "tf variable": 4.0, "jax": 0.25, "jax bf16": 3.5,
-                      "jax int": 7.0}
+    assert values == {"tf": 0.5, "tf 0-d": 2.0, "tf bf16": 1.5, "tf bf16 0-d": -1.5, "tf variable": 4.0, "jax": 0.25,
+                      "jax bf16": 3.5, "jax int": 7.0}
     assert all(type(v) is float for v in values.values())
     with pytest.raises(TypeError, match=r"loss=\.\.\.\) takes one number, not an array of shape \(2,\); reduce"):
         recorder.report(1, None, {"loss": jax.numpy.ones(2)})

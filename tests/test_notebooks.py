@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.notebook, pytest.mark.mpi, pytest.mark.slow, pytest.ma
 def execute(name):
     started, tag = time.time(), new_world_tag()
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    resources = {"metadata": {"path": str(NOTEBOOKS)}}
+    NotebookClient(notebook, timeout=120, kernel_name="python3", resources=resources).execute()
     print(f"{name} ran in {time.time() - started:.1f} s")
     assert not leftover_ranks(tag)
     return notebook

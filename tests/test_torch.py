@@ -51,7 +51,8 @@ def reference(steps=STEPS):
 
 
 def trained(ip, mpi, body):
-    mpi(SETUP + body + "\nfinal = {n: p.detach() for n, p in model.named_parameters()}", line="--gather final --no-inspect")
+    keep = "\nfinal = {n: p.detach() for n, p in model.named_parameters()}"
+    mpi(SETUP + body + keep, line="--gather final --no-inspect")
     return ip.user_ns["final"]
 
 

@@ -190,9 +190,7 @@ class World:
         """
         try:
             return self._start()
-        except MPIError as exc:
-            if "Address already in use" not in str(exc):
-                raise
+        except PortTaken:
             log.warning("a port was taken while the world started; starting again with new ports")
             return self._start()
 
@@ -486,10 +484,10 @@ class World:
             if queued:
                 deadline = time.monotonic() + self.start_timeout
             if time.monotonic() > deadline:
-                raise MPIError(
+                output = self._launcher_output()
+                raise start_failure(
                     f"only {up} of {self.size} ranks registered within {self.start_timeout:g} s; "
-                    f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{self._launcher_output()}"
-                )
+                    f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{output}", output)
             time.sleep(0.02)
 
     def _progress_line(self):
@@ -513,7 +511,8 @@ class World:
             process = getattr(launcher, "process", None)
             if process is not None and not alive(process):
                 what = "the ipyparallel controller" if name == "controller" else "mpiexec"
-                raise MPIError(f"{what} exited while the world was starting:\n{self._launcher_output([launcher])}")
+                output = self._launcher_output([launcher])
+                raise start_failure(f"{what} exited while the world was starting:\n{output}", output)
 
     def _check_job(self, state, where):
         """Raise if the Slurm job ended, or runs where the ranks cannot reach the controller; return whether it
@@ -682,6 +681,16 @@ def _connection_files(cluster):
     """The controller's connection files (owner-only, holding the world's key)."""
     return [os.path.join(cluster.profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-{kind}.json")
             for kind in ("client", "engine")]
+
+
+class PortTaken(MPIError):
+    """A start failed because a port ipyparallel picked was taken before its process bound it; worth one retry."""
+
+
+def start_failure(message, output):
+    """The error for a start that failed with *message*: :class:`PortTaken` when the processes' *output* (the
+    only account of why a controller or an engine gave up) says an address was in use, else :class:`MPIError`."""
+    return PortTaken(message) if "Address already in use" in output else MPIError(message)
 
 
 def _remove_files(paths):

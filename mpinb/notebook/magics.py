@@ -17,6 +17,7 @@ from traitlets import Bool, Enum, Float, Integer, List, Unicode
 from ..errors import BadArguments, Interrupted, NoMPI
 from ..widgets import views
 from ..widgets.status import status_html, status_text
+from ..wire.messages import Call
 from ..wire.ranks import parse_ranks
 from . import arguments, execute
 from .cluster import World, check_size
@@ -466,9 +467,10 @@ class MPIMagics(Magics):
         if not _DOTTED.match(model):
             raise UsageError(f"%mpi grads takes the model's name on the ranks (model, trainer.model), not {model!r}")
         self._running_world()
+        from ..rank.inspect import grad_stats
         from ..widgets.grads import grad_report, grads_text, grads_widget
 
-        result = self._on_ranks(f"__import__('mpinb.rank.inspect', fromlist=['grad_stats']).grad_stats({model!r})")
+        result = self._on_ranks(grad_stats, model)
         problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "NotComparable"}
         if problems:  # grad_stats named the ranks and the cause, the same on every rank
             raise UsageError(f"%mpi grads {model}: {problems.pop()}")
@@ -488,17 +490,20 @@ class MPIMagics(Magics):
             raise UsageError("no MPI world is running: %mpi start -n N starts one")
         return self.world
 
-    def _on_ranks(self, code, ranks=None):
-        """Run mpinb's own *code* (``%mpi grads``, ``who``, ``debug``) on *ranks*: no mismatch roll call."""
-        return execute.run_cell(self.world, code, ranks=ranks, printer=RankPrinter(color=_color(self.shell)),
-                                interrupt_grace=self.interrupt_grace, collective_wait=None)
+    def _on_ranks(self, function, *args, ranks=None):
+        """Call mpinb's own rank-side *function* (``%mpi grads``, ``who``, ``debug``) with *args* on *ranks*, as a
+        cell whose value is what it returns: no code is sent, only the function's name; no mismatch roll call."""
+        return execute.run_cell(self.world, "", ranks=ranks, printer=RankPrinter(color=_color(self.shell)),
+                                interrupt_grace=self.interrupt_grace, collective_wait=None,
+                                options={"call": Call.of(function, *args)})
 
     def show_who(self):
         """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
         self._running_world()
+        from ..rank.who import who
         from ..widgets.who import who_html, who_report, who_text
 
-        result = self._on_ranks("__import__('mpinb.rank.who', fromlist=['who']).who()")
+        result = self._on_ranks(who)
         result.raise_for_errors()
         rows = who_report(dict(result.values))
         if _in_notebook(self.shell):
@@ -513,7 +518,9 @@ class MPIMagics(Magics):
         self._running_world()
         if rank not in self.world.ranks:
             raise UsageError(f"%mpi debug takes a rank of this world (0-{self.world.size - 1}), not {rank}")
-        result = self._on_ranks("__import__('mpinb.rank.debug', fromlist=['post_mortem']).post_mortem()", [rank])
+        from ..rank.debug import post_mortem
+
+        result = self._on_ranks(post_mortem, ranks=[rank])
         result.raise_for_errors()
 
     def show_metrics(self, *, run=None):

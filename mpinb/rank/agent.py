@@ -7,6 +7,7 @@ seconds, then the cell's reply — leaves through one outbox thread and one sock
 its cell's output or metrics.
 """
 
+import enum
 import io
 import os
 import queue
@@ -14,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -22,6 +24,54 @@ from ..wire import messages, shm
 from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
 
 _agent = None
+
+
+class Wake(enum.Enum):
+    """What the outbox thread is woken for when it is not handed an item to send."""
+
+    TICK = "a deadline passed: output or metrics may be due"
+    METRICS = "mpinb.report() has records waiting"
+    CLOSE = "send what is left and close"
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Text a cell wrote to ``stdout`` or ``stderr``; coalesced with the text after it before it is sent."""
+
+    cell_id: str
+    stream: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A cell's reply, signed and packed, to send after everything queued before it."""
+
+    frames: list
+
+
+@dataclass(frozen=True, slots=True)
+class TraceStart:
+    """A traced cell began: send its spans every ``report_interval`` seconds while it runs."""
+
+    cell_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEnd:
+    """A traced cell ended: its last spans, after its output."""
+
+    cell_id: str
+    spans: list
+    dropped: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A debugger's prompt, sent after the output written before it."""
+
+    cell_id: str
+    prompt: str
 
 
 def start(*, cells, events, salt, key=None, encrypt=False, rank=None, flush_interval=0.05):
@@ -76,7 +126,7 @@ class Agent:
         self.abort_watch = AbortWatch(self.outbox)
         self.rollcall = rollcall.RollCall(context, cells, key, rank, encrypt=encrypt)
         self.cell_id = None
-        debug.install(lambda prompt: self.outbox.put(("ask", self.cell_id, prompt)), rank)
+        debug.install(lambda prompt: self.outbox.put(Ask(self.cell_id, prompt)), rank)
         self.inbox.send_multipart(self.hello.pack(("hello", rank, path)))
 
     def _on_readable(self, *_):
@@ -99,7 +149,7 @@ class Agent:
         self.rollcall.cell = self.cell_id = cell_id
         if options.get("trace"):
             tracing.state.start(options.get("trace_buffer", tracing.BUFFER))
-            self.outbox.put(("trace", cell_id))
+            self.outbox.put(TraceStart(cell_id))
         streams = sys.stdout, sys.stderr
         sys.stdout = ChannelStream(self.outbox, cell_id, "stdout", streams[0])
         sys.stderr = ChannelStream(self.outbox, cell_id, "stderr", streams[1])
@@ -109,7 +159,10 @@ class Agent:
         written = stacks.native_stderr_size()
         counts = tracing.state.counts()
         try:
-            reply = runner.run_cell(code, number=number, source=options.get("source"))
+            if "call" in options:
+                reply = runner.call(options["call"])
+            else:
+                reply = runner.run_cell(code, number=number, source=options.get("source"))
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply["collectives"] = (tracing.state.counts(), tracing.state.changed(counts))
             if options.get("gather"):
@@ -124,7 +177,7 @@ class Agent:
         if tracing.state.spans is not None:
             spans, dropped = tracing.state.drain()
             tracing.state.stop()
-            self.outbox.put(("trace-end", cell_id, spans, dropped))
+            self.outbox.put(TraceEnd(cell_id, spans, dropped))
         self.outbox.reply(self._pack_reply(cell_id, reply, buffers))
 
     def _gather(self, names, options):
@@ -237,7 +290,7 @@ class ChannelStream(io.TextIOBase):
 
     def write(self, text):
         if text:
-            self.outbox.put(("out", self.cell_id, self.name, str(text)))
+            self.outbox.put(Output(self.cell_id, self.name, str(text)))
             if self.name == "stderr":
                 stacks.note_stderr(str(text))
         return len(text)
@@ -266,7 +319,7 @@ class Outbox(threading.Thread):
         self.unhandled = 0  # items put and not yet handled by this thread
         self.pending, self.due, self.metrics_due = [], None, None  # output waiting; when output, metrics are sent
         self.closed = False
-        self.metrics = report.AgentSink(notify=lambda: self.put("metrics"))
+        self.metrics = report.AgentSink(notify=lambda: self.put(Wake.METRICS))
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 1000)
         if encrypt:
@@ -285,10 +338,10 @@ class Outbox(threading.Thread):
             if self.unhandled == 0 and not self.closed:
                 self._send_packed(frames)
                 return
-        self.put(("packed", frames))
+        self.put(Packed(frames))
 
     def close(self):
-        self.put(None)
+        self.put(Wake.CLOSE)
         self.join(timeout=2)
 
     def run(self):
@@ -298,9 +351,9 @@ class Outbox(threading.Thread):
             try:
                 item = self.queue.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                item = "tick"
+                item = Wake.TICK
             with self.lock:
-                if item != "tick":
+                if item is not Wake.TICK:
                     self.unhandled -= 1
                 trace_due = self._handle(item, trace_due)
                 if self.closed:
@@ -309,29 +362,30 @@ class Outbox(threading.Thread):
     def _handle(self, item, trace_due):
         """Handle one queued *item* (under ``lock``); return when the running trace's spans are next due."""
         now = time.monotonic()
-        if item is None:
-            self._send_output()
-            self._send_metrics()
-            self.socket.close()
-            self.closed = True
-            return trace_due
-        if item == "metrics":
-            self.metrics_due = self.metrics_due or now + self.report_interval
-        elif item != "tick" and item[0] == "packed":
-            self._send_packed(item[1])
-        elif item != "tick" and item[0] == "trace":
-            self.tracing, trace_due = item[1], now + self.report_interval
-        elif item != "tick" and item[0] == "ask":  # a debugger's prompt: after the output before it
-            self._send_output()
-            self._send(("input", self.rank, item[1], item[2]))
-        elif item != "tick" and item[0] == "trace-end":
-            self._send_output()
-            trace_due = None
-            self._send_trace(item[1], item[2], item[3])
-            self.tracing = None
-        elif item != "tick":
-            self.pending.append(item)
-            self.due = self.due or now + self.flush_interval
+        match item:
+            case Output():
+                self.pending.append(item)
+                self.due = self.due or now + self.flush_interval
+            case Wake.METRICS:
+                self.metrics_due = self.metrics_due or now + self.report_interval
+            case Packed(frames):
+                self._send_packed(frames)
+            case TraceStart(cell_id):
+                self.tracing, trace_due = cell_id, now + self.report_interval
+            case Ask(cell_id, prompt):  # after the output before it
+                self._send_output()
+                self._send(("input", self.rank, cell_id, prompt))
+            case TraceEnd(cell_id, spans, dropped):
+                self._send_output()
+                trace_due = None
+                self._send_trace(cell_id, spans, dropped)
+                self.tracing = None
+            case Wake.CLOSE:
+                self._send_output()
+                self._send_metrics()
+                self.socket.close()
+                self.closed = True
+                return trace_due
         if self.due is not None and now >= self.due:
             self._send_output()
         if self.metrics_due is not None and now >= self.metrics_due:
@@ -360,8 +414,8 @@ class Outbox(threading.Thread):
     def _send_output(self):
         items, self.pending, self.due = self.pending, [], None
         merged = {}
-        for _, cell_id, name, text in items:
-            merged.setdefault((cell_id, name), []).append(text)
+        for item in items:
+            merged.setdefault((item.cell_id, item.stream), []).append(item.text)
         for (cell_id, name), texts in merged.items():
             self._send(("out", self.rank, cell_id, name, "".join(texts)))
 

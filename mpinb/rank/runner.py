@@ -1,6 +1,7 @@
 """Run one cell on this rank the way IPython would, and describe the outcome as plain, picklable data."""
 
 import ast
+import importlib
 import linecache
 import sys
 import traceback
@@ -54,6 +55,21 @@ def run_cell(code, *, number=0, namespace=None, source=None):
             stream.flush()
     if value is not None:
         namespace["_"] = value
+    return {"value": value}
+
+
+def call(request):
+    """Like :func:`run_cell`, for a :class:`~mpinb.wire.messages.Call` of mpinb's own rank-side code: its value,
+    or its error described."""
+    if not request.module.startswith("mpinb.rank."):
+        return {"error": describe_error(ValueError(f"{request.module} is not rank-side code of mpinb"))}
+    try:
+        value = getattr(importlib.import_module(request.module), request.name)(*request.args)
+    except BaseException as exc:  # noqa: BLE001 - reported like a cell's
+        return {"error": describe_error(exc, _shell())}
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
     return {"value": value}
 
 
