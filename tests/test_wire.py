@@ -4,6 +4,7 @@ import zmq.utils.monitor
 
 from mpinb.wire import messages
 from mpinb.wire.channel import Channel
+from mpinb.wire.kinds import Hello, Out
 
 KEY = b"k" * 32
 
@@ -41,7 +42,7 @@ def test_a_peer_of_another_protocol_version_is_named_at_the_handshake(monkeypatc
         peer = zmq.Context.instance().socket(zmq.DEALER)
         peer.connect(channel.cells_url)
         monkeypatch.setattr(messages, "PROTOCOL", messages.PROTOCOL + 1)  # what a newer mpinb on a rank's host sends
-        peer.send_multipart(messages.Signer(channel.key, "rank/3/inbox").pack(("hello", 3, "stacks")))
+        peer.send_multipart(messages.Signer(channel.key, "rank/3/inbox").pack(Hello(3, "stacks")))
         monkeypatch.undo()
         newer, ours = messages.PROTOCOL + 1, messages.PROTOCOL
         said = f"rank 3 speaks the cell channel's protocol mpinb/{newer}, this notebook mpinb/{ours}: install the same"
@@ -77,7 +78,7 @@ def test_off_loopback_only_a_holder_of_the_key_can_talk_to_the_channel():
             if key is not None:
                 messages.encrypt_client(push, key)
             push.connect(url)
-            push.send_multipart(messages.Signer(channel.key, f"rank/0/{name}").pack(("out", 0, 1, "stdout", name)))
+            push.send_multipart(messages.Signer(channel.key, f"rank/0/{name}").pack(Out(0, 1, "stdout", name)))
         failed = 0
         while failed < 2:  # the server refused both strangers' handshakes
             event = zmq.utils.monitor.recv_monitor_message(monitor)
@@ -85,7 +86,7 @@ def test_off_loopback_only_a_holder_of_the_key_can_talk_to_the_channel():
                                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH):
                 failed += 1
         received = channel.receive(30)
-        assert [m[4] for m in received] == ["rank"]
+        assert [m.text for m in received] == ["rank"]
     finally:
         channel.events.disable_monitor()
         channel.close()

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import GatherError, MPIError, RankError, RankLost
+from ..wire.kinds import Input, Metrics, Out, Reply, Settled, TraceSpans, Waiting, Where
 from ..wire.ranks import label_ranks
 from .diagnose import capture_stacks, death_report, fatal_stack, last_stderr
 from .gather import missing_message
@@ -128,32 +129,30 @@ def run_cell(world, code, *, ranks=None, number=0, stream=True, printer=None, me
     while len(replies) < len(ranks):
         try:
             for message in channel.receive(wait):
-                kind = message[0]
-                if kind == "out" and message[2] == cell_id:
-                    _, rank, _, name, text = message
+                if isinstance(message, Out) and message.cell_id == cell_id:
+                    rank, _, name, text = message
                     getattr(result, name)[rank] += text
                     if stream:
                         printer.feed(rank, name, text)
-                elif kind == "metrics" and metrics is not None:
-                    metrics.add(message[1], message[2])
-                elif kind in ("waiting", "rollcall"):
-                    if watch is not None and message[2] in (cell_id, None):
+                elif isinstance(message, Metrics) and metrics is not None:
+                    metrics.add(message.rank, message.records)
+                elif isinstance(message, (Waiting, Where)):
+                    if watch is not None and message.cell_id in (cell_id, None):
                         watch.feed(message)
-                    if recovery is not None and kind == "rollcall":
+                    if recovery is not None and isinstance(message, Where):
                         recovery.feed(message)
-                elif kind == "settled" and recovery is not None:
+                elif isinstance(message, Settled) and recovery is not None:
                     recovery.feed(message)
-                elif kind == "input" and message[2] == cell_id:  # a debugger on a rank asks for a line
-                    _ask(channel, printer, message[1], message[3])
-                elif kind == "trace" and trace is not None and message[2] == cell_id:
-                    _, rank, _, spans, dropped, clock = message
-                    trace.add(rank, spans, dropped, clock)
-                elif kind == "reply" and message[2] == cell_id:
-                    replies[message[1]] = message[3]
-                    if "gathered" in message[3]:  # copy out now, while other ranks are still sending
-                        _unpack_gathered(world, result, message[1], message[3])
-                    if "error" in message[3] and first_failure is None and result.trouble is None:
-                        first_failure = (message[1], time.monotonic())
+                elif isinstance(message, Input) and message.cell_id == cell_id:  # a debugger on a rank asks
+                    _ask(channel, printer, message.rank, message.prompt)
+                elif isinstance(message, TraceSpans) and trace is not None and message.cell_id == cell_id:
+                    trace.add(message.rank, message.spans, message.dropped, message.clocks)
+                elif isinstance(message, Reply) and message.cell_id == cell_id:
+                    replies[message.rank] = message.reply
+                    if "gathered" in message.reply:  # copy out now, while other ranks are still sending
+                        _unpack_gathered(world, result, message.rank, message.reply)
+                    if "error" in message.reply and first_failure is None and result.trouble is None:
+                        first_failure = (message.rank, time.monotonic())
                         pending = [rank for rank in ranks if rank not in replies]
                         early = capture_stacks(world, pending) if pending and abort_grace is not None else {}
                         if early and all(stack.in_communication(code) for stack in early.values()):

@@ -11,6 +11,7 @@ import time
 
 from ..rank.stacks import ledger_path
 from ..rank.tracing import read_mirror
+from ..wire.kinds import Waiting
 from ..wire.ranks import label_ranks
 from .diagnose import RankStack, capture_stacks
 
@@ -43,12 +44,13 @@ class MismatchWatch:
         self.started_ns = time.perf_counter_ns()  # no collective of this cell can have waited longer
 
     def feed(self, message, now=None):
-        """A ``waiting`` or ``rollcall`` message from a rank's roll-call thread."""
-        kind, rank, _, where = message
-        if kind == "waiting" and "asked" in self.states.get(rank, {}):
+        """A :class:`Waiting` or :class:`Where` message from a rank's roll-call thread."""
+        rank, _, where = message
+        waiting = isinstance(message, Waiting)
+        if waiting and "asked" in self.states.get(rank, {}):
             where["asked"] = self.states[rank]["asked"]  # it answered the roll call in progress already
         self.states[rank] = where
-        if kind == "waiting" and self.asked_at is None:
+        if waiting and self.asked_at is None:
             self._call(time.monotonic() if now is None else now)
 
     def tick(self, replies, now=None):

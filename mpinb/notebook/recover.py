@@ -11,6 +11,7 @@ that differs by rank), nothing is attempted and mpinb restarts the world as befo
 
 import time
 
+from ..wire.kinds import Settled, Where
 from ..wire.ranks import label_ranks
 from . import mismatch
 
@@ -39,11 +40,11 @@ class Recovery:
         self.reason = None  # why the world could not be kept, when it could not
 
     def feed(self, message):
-        kind, rank = message[0], message[1]
-        if kind == "rollcall" and message[3].get("asked") == self.number:
-            self.states[rank] = message[3]
-        elif kind == "settled" and message[2] == self.number:
-            self.outcomes[rank] = message[3]
+        match message:
+            case Where(rank, _, where) if where.get("asked") == self.number:
+                self.states[rank] = where
+            case Settled(rank, number, outcome) if number == self.number:
+                self.outcomes[rank] = outcome
 
     def tick(self, replies, now=None):
         """Advance; return seconds more the stuck ranks should be given, once a plan went out, else ``None``.

@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 
 from ..wire import messages, shm
+from ..wire.kinds import Cell, Hello, Input, Metrics, Out, Reply, TraceSpans
 from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
 
 _agent = None
@@ -127,7 +128,7 @@ class Agent:
         self.rollcall = rollcall.RollCall(context, cells, key, rank, encrypt=encrypt)
         self.cell_id = None
         debug.install(lambda prompt: self.outbox.put(Ask(self.cell_id, prompt)), rank)
-        self.inbox.send_multipart(self.hello.pack(("hello", rank, path)))
+        self.inbox.send_multipart(self.hello.pack(Hello(rank, path)))
 
     def _on_readable(self, *_):
         while not self.inbox.closed:
@@ -139,9 +140,9 @@ class Agent:
 
     def _on_message(self, frames):
         message = self.verifier.unpack(frames)
-        if message is None or message[0] != "cell":
+        if not isinstance(message, Cell):
             return
-        _, cell_id, code, number, options = message
+        cell_id, code, number, options = message
         if self.segments is not None and self.rank in options.get("released", {}):
             self.segments.release(options["released"][self.rank])
         self.outbox.report_interval = options.get("report_interval", self.outbox.report_interval)
@@ -218,14 +219,14 @@ class Agent:
     def _pack_reply(self, cell_id, reply, buffers=()):
         """Pickle the reply once, here on the main thread (the next cell cannot change the value meanwhile)."""
         try:
-            return self.replies.pack(("reply", self.rank, cell_id, reply), buffers)
+            return self.replies.pack(Reply(self.rank, cell_id, reply), buffers)
         except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel": send its repr instead
             reply = dict(reply, value=runner.stand_in(reply.get("value")))
             try:
-                return self.replies.pack(("reply", self.rank, cell_id, reply), buffers)
+                return self.replies.pack(Reply(self.rank, cell_id, reply), buffers)
             except Exception as exc:  # noqa: BLE001 - even the stand-in failed: say so rather than stay silent
                 error = runner.describe_error(exc)
-                return self.replies.pack(("reply", self.rank, cell_id, {"error": error}))
+                return self.replies.pack(Reply(self.rank, cell_id, {"error": error}))
 
     def close(self):
         self.loop.remove_handler(self.inbox_fd)
@@ -374,7 +375,7 @@ class Outbox(threading.Thread):
                 self.tracing, trace_due = cell_id, now + self.report_interval
             case Ask(cell_id, prompt):  # after the output before it
                 self._send_output()
-                self._send(("input", self.rank, cell_id, prompt))
+                self._send(Input(self.rank, cell_id, prompt))
             case TraceEnd(cell_id, spans, dropped):
                 self._send_output()
                 trace_due = None
@@ -403,13 +404,13 @@ class Outbox(threading.Thread):
     def _send_trace(self, cell_id, spans, dropped):
         """A batch of spans, with this rank's two clocks read together (to place them in wall-clock time)."""
         if spans or dropped:
-            self._send(("trace", self.rank, cell_id, spans, dropped, (tracing.now_ns(), time.time_ns())))
+            self._send(TraceSpans(self.rank, cell_id, spans, dropped, (tracing.now_ns(), time.time_ns())))
 
     def _send_metrics(self):
         self.metrics_due = None
         records = self.metrics.drain()
         if records:
-            self._send(("metrics", self.rank, records))
+            self._send(Metrics(self.rank, records))
 
     def _send_output(self):
         items, self.pending, self.due = self.pending, [], None
@@ -417,7 +418,7 @@ class Outbox(threading.Thread):
         for item in items:
             merged.setdefault((item.cell_id, item.stream), []).append(item.text)
         for (cell_id, name), texts in merged.items():
-            self._send(("out", self.rank, cell_id, name, "".join(texts)))
+            self._send(Out(self.rank, cell_id, name, "".join(texts)))
 
     def _send(self, message):
         self.socket.send_multipart(self.signer.pack(message))

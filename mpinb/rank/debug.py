@@ -1,7 +1,7 @@
 """pdb on a rank, with its prompt in the notebook: post-mortem on the rank's last failure, and ``breakpoint()``.
 
 The debugger runs on the rank, in the cell's own thread; what it prints is the cell's output, and each line it
-reads comes from the notebook: the rank asks for it (``("input", rank, cell, prompt)``, sent after the output
+reads comes from the notebook: the rank asks for it (an :class:`~mpinb.wire.kinds.Input`, sent after the output
 before it), the notebook shows the prompt through the kernel's stdin as ``input()`` does, and the answer comes
 back to the rank's roll-call thread, which hands it over. Installed by the rank's agent only: under plain
 ``mpiexec``, ``breakpoint()`` is Python's own.

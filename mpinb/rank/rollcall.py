@@ -2,11 +2,11 @@
 
 The thread owns a socket of its own to the notebook's cell channel (the rank's main thread may be blocked in
 MPI, where mpi4py releases the GIL, so this thread runs). When the main thread has waited in one collective
-longer than ``after`` seconds, it sends ``("waiting", rank, cell, where)`` once; when the notebook asks
-(``"rollcall"``), it answers ``("rollcall", rank, cell, where)`` at once, ``where`` being
+longer than ``after`` seconds, it sends a :class:`~mpinb.wire.kinds.Waiting` once; asked by a
+:class:`~mpinb.wire.kinds.RollCall`, it answers a :class:`~mpinb.wire.kinds.Where` at once, ``where`` being
 :meth:`mpinb.rank.tracing.State.where` plus the file the running cell was compiled as. Asked for the main
-thread's Python stack (``"stack"``, for a rank on another host, whose stack file the notebook cannot read), it
-answers ``("stack", rank, number, stack)`` (``stacks.main_thread_stack``).
+thread's Python stack (:class:`~mpinb.wire.kinds.AskStack`, for a rank on another host, whose stack file the
+notebook cannot read), it answers a :class:`~mpinb.wire.kinds.Stack` (``stacks.main_thread_stack``).
 """
 
 import queue
@@ -14,7 +14,8 @@ import threading
 
 import zmq
 
-from ..wire import messages
+from ..wire import kinds, messages
+from ..wire.kinds import AskStack, Listening, Settle, Settled, Stack, Stdin, Waiting, Where
 from . import stacks, tracing
 
 
@@ -37,7 +38,7 @@ class RollCall(threading.Thread):
         self.start()
 
     def run(self):
-        self._send(("listening", self.rank))
+        self._send(Listening(self.rank))
         poller = zmq.Poller()
         poller.register(self.socket, zmq.POLLIN)
         while not self.closing:
@@ -48,31 +49,32 @@ class RollCall(threading.Thread):
             while not self.outcomes.empty():
                 self._send(self.outcomes.get())
             if events:
-                message = self.verifier.unpack(self.socket.recv_multipart())
-                if message is not None and message[0] == "rollcall":
-                    self._send(("rollcall", self.rank, self.cell, dict(self.where(), asked=message[1])))
-                elif message is not None and message[0] == "stdin":
-                    from . import debug
+                match self.verifier.unpack(self.socket.recv_multipart()):
+                    case kinds.RollCall(number):
+                        self._send(Where(self.rank, self.cell, dict(self.where(), asked=number)))
+                    case Stdin(line):
+                        from . import debug
 
-                    debug.answer(message[1])
-                elif message is not None and message[0] == "stack":
-                    self._send(("stack", self.rank, message[1], stacks.main_thread_stack()))
-                elif message is not None and message[0] == "settle":
-                    # in a thread of its own: a step that blocks must not silence the roll call
-                    threading.Thread(target=self._settle, args=message[1:], name="mpinb-settle", daemon=True).start()
+                        debug.answer(line)
+                    case AskStack(number):
+                        self._send(Stack(self.rank, number, stacks.main_thread_stack()))
+                    case Settle(number, items):
+                        # in a thread of its own: a step that blocks must not silence the roll call
+                        threading.Thread(target=self._settle, args=(number, items), name="mpinb-settle",
+                                         daemon=True).start()
                 continue
             current = tracing.state.current
             if current is None or self.after is None or current is self.reported:
                 continue
             if (tracing.now_ns() - current[3]) / 1e9 >= self.after and self.cell is not None:
                 self.reported = current
-                self._send(("waiting", self.rank, self.cell, self.where()))
+                self._send(Waiting(self.rank, self.cell, self.where()))
         self.socket.close()
 
     def _settle(self, number, items):
         from .settle import settle
 
-        self.outcomes.put(("settled", self.rank, number, settle(items)))
+        self.outcomes.put(Settled(self.rank, number, settle(items)))
 
     def where(self):
         where = tracing.state.where()

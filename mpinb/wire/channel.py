@@ -15,6 +15,7 @@ import time
 import zmq
 
 from . import messages
+from .kinds import AskStack, Cell, Hello, Reply, RollCall, Settle, Stack, Stdin
 
 
 class Channel:
@@ -61,9 +62,9 @@ class Channel:
             if left <= 0:
                 raise TimeoutError(f"ranks {sorted(waiting)} did not connect to the cell channel in {timeout:g} s")
             for message in self.receive(left):
-                if message[0] == "hello":
-                    waiting.discard(message[1])
-                    stack_files[message[1]] = message[2]
+                if isinstance(message, Hello):
+                    waiting.discard(message.rank)
+                    stack_files[message.rank] = message.stacks
         return stack_files
 
     def send_cell(self, ranks, code, number, options=None):
@@ -73,7 +74,7 @@ class Channel:
         """
         self._next_cell += 1
         cell_id = self._next_cell
-        frames = self.signer.pack(("cell", cell_id, code, number, options or {}))
+        frames = self.signer.pack(Cell(cell_id, code, number, options or {}))
         for rank in ranks:
             self.cells.send_multipart([str(rank).encode(), *frames])
         return cell_id
@@ -81,7 +82,7 @@ class Channel:
     def roll_call(self, ranks, number):
         """Ask *ranks* where they are, MPI-wise (each rank's roll-call thread answers, see
         ``rank/rollcall.py``); *number* comes back with the answers. Ranks not connected are skipped."""
-        frames = self.signer.pack(("rollcall", number))
+        frames = self.signer.pack(RollCall(number))
         for rank in ranks:
             try:
                 self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
@@ -89,9 +90,10 @@ class Channel:
                 pass
 
     def settle(self, rank, number, items):
-        """Ask *rank*'s roll-call thread to do *items* (see ``rank/settle.py``); it answers ``("settled", ...)``."""
+        """Ask *rank*'s roll-call thread to do *items* (see ``rank/settle.py``); it answers
+        :class:`~mpinb.wire.kinds.Settled`."""
         try:
-            self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(("settle", number, items))],
+            self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(Settle(number, items))],
                                       zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
@@ -100,7 +102,7 @@ class Channel:
         """Ask *ranks*' roll-call threads for their main thread's stack: ``{rank: stack}`` of those that answered
         within *timeout* seconds (``rank/stacks.main_thread_stack``). What else arrives meanwhile is kept for
         the next :meth:`receive`."""
-        frames = self.signer.pack(("stack", number))
+        frames = self.signer.pack(AskStack(number))
         for rank in ranks:
             try:
                 self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
@@ -109,15 +111,15 @@ class Channel:
         answers, deadline = {}, time.monotonic() + timeout
         while len(answers) < len(ranks) and time.monotonic() < deadline:
             for message in self.receive(deadline - time.monotonic(), keep=False):
-                if message[0] == "stack" and message[2] == number and message[1] in ranks:
-                    answers[message[1]] = message[3]
+                if isinstance(message, Stack) and message.number == number and message.rank in ranks:
+                    answers[message.rank] = message.stack
                 else:
                     self._held.append(message)
         return answers
 
     def send_stdin(self, rank, line):
         """A line typed at *rank*'s debugger prompt (``None``: end of input)."""
-        self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(("stdin", line))])
+        self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(Stdin(line))])
 
     def receive(self, timeout, *, keep=True):
         """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires),
@@ -142,8 +144,8 @@ class Channel:
                 if unpacked is None:
                     continue
                 message, buffers = unpacked
-                if buffers and message[0] == "reply":
-                    message[3]["buffers"] = buffers
+                if buffers and isinstance(message, Reply):
+                    message.reply["buffers"] = buffers
                 messages.append(message)
         return messages
 
