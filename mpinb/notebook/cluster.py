@@ -20,7 +20,7 @@ from ..rank import agent
 from ..rank import world as rank_world
 from ..wire.channel import Channel
 from ..wire.ranks import label_ranks
-from . import mpis
+from . import ipp, mpis
 from .gather import Receiver
 from .launchers import Placement, SlurmJob, is_this_host
 from .reaper import alive, end_processes, remove_world_files, signal_all
@@ -291,11 +291,11 @@ class World:
         if cluster is not None:
             cluster.log.setLevel(logging.ERROR)  # also for a world that failed to start: mpinb said why
         if kill:
-            controller = getattr(getattr(cluster, "controller", None), "pid", None)
-            signal_all([process for process in processes if process.pid != controller], "kill")
+            controller = ipp.process(cluster.controller) if cluster is not None else None
+            signal_all([p for p in processes if controller is None or p.pid != controller.pid], "kill")
         if client is not None:
             client.close()
-        outputs = [getattr(launcher, "output_file", "") for launcher in
+        outputs = [ipp.output_file(launcher) for launcher in
                    ([cluster.controller, *cluster.engines.values()] if cluster is not None else ())]
         if cluster is not None:
             # engines first, then the controller: stopped together (stop_cluster), engines that lose their
@@ -315,8 +315,8 @@ class World:
             self._reaper.wait(timeout=5)
             self._reaper = None
         if cluster is not None:
-            _remove_files(_connection_files(cluster) + [path for path in outputs if path])
-            _end_event_thread(cluster)
+            _remove_files(ipp.connection_files(cluster) + [path for path in outputs if path])
+            ipp.end_event_thread(cluster)
         # also the files of ranks that never said hello (their pids are known all the same)
         remove_world_files(self.status_dir, [process.pid for process in processes], self.stack_files.values())
         self.status_dir = None
@@ -364,7 +364,7 @@ class World:
         """What mpiexec printed so far (Hydra's reports of failed processes among it)."""
         texts = []
         for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
-            path = getattr(launcher, "output_file", "")
+            path = ipp.output_file(launcher)
             if path and os.path.exists(path):
                 with open(path, errors="replace") as output:
                     texts.append(output.read())
@@ -508,7 +508,7 @@ class World:
 
     def _check_launchers(self):
         for name, launcher in [("controller", self.cluster.controller), *self.cluster.engines.items()]:
-            process = getattr(launcher, "process", None)
+            process = ipp.process(launcher)
             if process is not None and not alive(process):
                 what = "the ipyparallel controller" if name == "controller" else "mpiexec"
                 output = self._launcher_output([launcher])
@@ -540,8 +540,8 @@ class World:
 
     def _job_id(self):
         for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
-            if getattr(launcher, "job_id", ""):
-                return launcher.job_id
+            if ipp.job_id(launcher):
+                return ipp.job_id(launcher)
         return None
 
     def _rank_processes(self):
@@ -576,7 +576,7 @@ class World:
         cluster = cluster or self.cluster
         processes = []
         for launcher in [cluster.controller, *cluster.engines.values()]:
-            process = getattr(launcher, "process", None)
+            process = ipp.process(launcher)
             if process is None:
                 continue
             try:
@@ -646,7 +646,7 @@ class World:
         self._shared_files = set()
 
     def _controller_alive(self):
-        process = getattr(self.cluster.controller, "process", None)
+        process = ipp.process(self.cluster.controller)
         return process is None or alive(process)
 
     def _learn_ranks(self, view):
@@ -677,12 +677,6 @@ def _excerpt(text, head=16, tail=6):
     return "\n".join([*lines[:head], f"[... {len(lines) - head - tail} more lines ...]", *lines[-tail:]])
 
 
-def _connection_files(cluster):
-    """The controller's connection files (owner-only, holding the world's key)."""
-    return [os.path.join(cluster.profile_dir, "security", f"ipcontroller-{cluster.cluster_id}-{kind}.json")
-            for kind in ("client", "engine")]
-
-
 class PortTaken(MPIError):
     """A start failed because a port ipyparallel picked was taken before its process bound it; worth one retry."""
 
@@ -699,20 +693,6 @@ def _remove_files(paths):
     for path in paths:
         if not os.path.isdir(path):
             Path(path).unlink(missing_ok=True)
-
-
-def _end_event_thread(cluster):
-    """Stop the event-loop thread ipyparallel starts for a Cluster's ``*_sync`` calls made where an event loop
-    already runs (a Jupyter kernel), and close its loop: it is never stopped otherwise, and each world left a
-    thread and its descriptors behind in the kernel."""
-    thread, loop = getattr(cluster, "_async_thread", None), getattr(cluster, "_thread_loop", None)
-    if thread is None or loop is None:
-        return
-    loop.add_callback(loop.stop)
-    thread.join(timeout=5)
-    if not thread.is_alive():
-        loop.close(all_fds=False)
-    cluster._async_thread = cluster._thread_loop = None
 
 
 

@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..errors import BadArguments
+from . import ipp
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Placement:
             config.MPIEngineSetLauncher.engine_cmd = engine_cmd
             config.MPIEngineSetLauncher.environment = environment
             return "mpi"
-        launcher = _batch_launcher(self.launcher)
+        launcher = ipp.batch_launcher(self.launcher)
         section = getattr(config, launcher.__mro__[1].__name__)
         section.engine_cmd = engine_cmd
         section.environment = environment
@@ -172,34 +173,6 @@ class Placement:
                 directives.append(template.format(escape(value)))
         directives += [escape(arg) for arg in self.scheduler_args]
         return "\n".join(["#!/bin/sh", *(f"{s.prefix} {d}" for d in directives), *body]) + "\n"
-
-
-def _batch_launcher(name):
-    """ipyparallel's engine-set launcher called *name*, saying why when the scheduler refuses the job.
-
-    ipyparallel runs ``sbatch``/``qsub``/``scancel`` with ``check_output``: the scheduler's reason (``invalid
-    partition specified``) would go to the kernel's own stderr, which the notebook never shows.
-    """
-    from ipyparallel.cluster.launcher import find_launcher_class
-
-    base = find_launcher_class(name, "engine")
-
-    class Launcher(base):
-        entrypoint_name = name
-
-        def _run_command(self, command, **kwargs):
-            self.log.debug("Running command: %s", shlex.join(command))
-            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=120, **kwargs)
-            said = done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}"
-            if done.returncode != 0 and command[:1] != self.delete_command[:1]:
-                raise BadArguments(f"{command[0]} refused the job: {said}")
-            if done.returncode != 0:  # cancelling a job that has already ended: nothing left to do
-                self.log.debug("%s: %s", command[0], said)
-            return done.stdout
-
-    Launcher.__name__ = Launcher.__qualname__ = f"Reporting{base.__name__}"
-    return Launcher
 
 
 def _escape(text):

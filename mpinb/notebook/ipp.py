@@ -1,0 +1,80 @@
+"""What mpinb uses of ipyparallel beyond its documented API, in one place, for the major version pyproject.toml
+pins. Each use is listed in :data:`PRIVATE`; ``tests/test_ipp.py`` checks every one against the installed
+ipyparallel and names the part that changed when an upgrade breaks one.
+
+Typed instead of probed: a launcher's process, output file and job id are read from the ipyparallel class that
+defines them (local processes, batch jobs), and connection files from the controller launcher's own property.
+"""
+
+import shlex
+import subprocess
+
+from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLauncher, find_launcher_class
+
+from ..errors import BadArguments
+
+PRIVATE = {  # what is used -> why no public API does
+    "BatchSystemLauncher._run_command": "the only place the scheduler's refusal (sbatch's stderr) can be read",
+    "Cluster._async_thread, Cluster._thread_loop": "the event-loop thread *_sync calls start is never stopped",
+}
+
+
+def process(launcher):
+    """The ``psutil.Process`` a local launcher started (controller, ``mpiexec``), or ``None``."""
+    return launcher.process if isinstance(launcher, LocalProcessLauncher) else None
+
+
+def output_file(launcher):
+    """The file a launcher's process or job writes its output to, or ``""``."""
+    return launcher.output_file if isinstance(launcher, (LocalProcessLauncher, BatchSystemLauncher)) else ""
+
+
+def job_id(launcher):
+    """The batch job a launcher submitted, or ``""``."""
+    return launcher.job_id if isinstance(launcher, BatchSystemLauncher) else ""
+
+
+def connection_files(cluster):
+    """The controller's connection files (owner-only, holding the world's key), as its launcher names them."""
+    controller = cluster.controller
+    return list(controller.connection_files.values()) if controller is not None else []
+
+
+def end_event_thread(cluster):
+    """Stop the event-loop thread ipyparallel starts for a Cluster's ``*_sync`` calls made where an event loop
+    already runs (a Jupyter kernel), and close its loop: it is never stopped otherwise, and each world left a
+    thread and its descriptors behind in the kernel."""
+    thread, loop = cluster._async_thread, getattr(cluster, "_thread_loop", None)
+    if thread is None or loop is None:
+        return
+    loop.add_callback(loop.stop)
+    thread.join(timeout=5)
+    if not thread.is_alive():
+        loop.close(all_fds=False)
+    cluster._async_thread = cluster._thread_loop = None
+
+
+def batch_launcher(name):
+    """ipyparallel's engine-set launcher called *name*, saying why when the scheduler refuses the job.
+
+    ipyparallel runs ``sbatch``/``qsub``/``scancel`` with ``check_output``: the scheduler's reason (``invalid
+    partition specified``) would go to the kernel's own stderr, which the notebook never shows.
+    """
+    base = find_launcher_class(name, "engine")
+
+    class Launcher(base):
+        entrypoint_name = name
+
+        def _run_command(self, command, **kwargs):
+            self.log.debug("Running command: %s", shlex.join(command))
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=120, **kwargs)
+            said = done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}"
+            if done.returncode != 0 and command[:1] != self.delete_command[:1]:
+                raise BadArguments(f"{command[0]} refused the job: {said}")
+            if done.returncode != 0:  # cancelling a job that has already ended: nothing left to do
+                self.log.debug("%s: %s", command[0], said)
+            return done.stdout
+
+    Launcher.__name__ = Launcher.__qualname__ = f"Reporting{base.__name__}"
+    return Launcher
