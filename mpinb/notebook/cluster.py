@@ -4,11 +4,8 @@ inside a batch job (``launchers.py``)."""
 import atexit
 import logging
 import os
-import re
 import signal
 import socket
-import sys
-import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -16,36 +13,14 @@ from pathlib import Path
 import psutil
 
 from ..errors import BadArguments, MPIError
-from ..rank import agent
-from ..rank import world as rank_world
-from ..wire.channel import Channel
-from ..wire.ranks import label_ranks
-from . import ipp, mpis
-from .gather import Receiver
-from .launchers import Placement, SlurmJob, is_this_host
+from . import ipp, leftovers, status
+from .launchers import Placement
 from .reaper import alive, end_processes, remove_world_files, signal_all
+from .startup import PortTaken, Startup
 
 log = logging.getLogger("mpinb")
 
 _live_worlds = weakref.WeakSet()
-
-# Keep MPI's own traffic on loopback too (libfabric's tcp/sockets providers, UCX), unless asked otherwise.
-LOOPBACK_ENV = {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo", "UCX_NET_DEVICES": "lo"}
-
-
-# Reasons a pending Slurm job gives when it will never start without a change (squeue %R)
-NEVER_RUNS = {
-    "PartitionConfig": "the partition cannot give that many tasks (fewer ranks, or another --partition)",
-    "PartitionNodeLimit": "more nodes than the partition allows (fewer ranks, or another --partition)",
-    "PartitionTimeLimit": "a longer --time than the partition allows",
-    "BadConstraints": "no node satisfies the job's constraints (check --scheduler-arg)",
-    "InvalidAccount": "the --account is not valid",
-    "InvalidQOS": "the QOS is not valid",
-    "AccountNotAllowed": "the account may not use this partition",
-    "QOSNotAllowed": "the QOS may not use this partition",
-    "JobHeldAdmin": "an administrator holds the job",
-    "JobHeldUser": "the job is held (scontrol release)",
-}
 
 
 RANK_MEMORY = 60 << 20  # what one rank's process holds before user code runs (measured: 55 MB unique, 93 MB RSS)
@@ -73,22 +48,6 @@ def check_size(size, placement=None):
 
 def _gigabytes(n):
     return f"{n / 1e9:.1f} GB" if n < 1e12 else f"{n / 1e12:.1f} TB"
-
-
-# how long an engine's heartbeats may stop before the hub unregisters it: 3.5 s whatever the period, which a rank
-# on a busy machine (64 ranks on 2 cores start in 20 s) does not reach by accident
-HEARTBEAT_SILENCE_MS = 3500
-
-
-def heartbeat_period(size):
-    """The heartbeat period for a world of *size* ranks: 100 ms (a rank's registration completes on a beat, so
-    worlds start sooner) up to 500 ms, so that the controller handles at most about 125 heartbeats a second."""
-    return min(500, max(100, 8 * size))
-
-
-def heartbeat_misses(period_ms):
-    """Heartbeats an engine may miss in a row before the hub unregisters it, at *period_ms*."""
-    return max(3, -(-HEARTBEAT_SILENCE_MS // max(1, int(period_ms))))
 
 
 class World:
@@ -189,90 +148,10 @@ class World:
         can take one in between ("Address already in use"); such a start is retried once with new ports.
         """
         try:
-            return self._start()
+            return Startup(self).run(_live_worlds)
         except PortTaken:
             log.warning("a port was taken while the world started; starting again with new ports")
-            return self._start()
-
-    def _start(self):
-        import ipyparallel as ipp
-        from traitlets.config import Config
-
-        self.mpi = mpi = mpis.resolve(self.mpi_choice, self.mpiexec, self.mpi_library)
-        mpis.check(mpi, sys.executable)
-        self.placement.check()
-        remote = self.placement.remote_hosts()
-        if remote and self.loopback:
-            raise BadArguments(
-                f"ranks on {', '.join(remote[:3])} cannot reach a controller that listens on {self.ip}: add "
-                "--ip with an address of this host they can reach (or 0.0.0.0 for every interface)"
-            )
-        config = Config()
-        self.heartbeat_ms = int(self.heartbeat_choice or heartbeat_period(self.size))
-        self.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
-        environment = {"MPINB_STATUS_DIR": self.status_dir, **mpi.environment()}
-        if self.loopback:
-            environment.update(LOOPBACK_ENV)
-        local = not self.placement.batch and not self.placement.hostfile
-        arguments = mpi.launcher_args(self.size, local=local, forward=sorted(environment)) + self.mpiexec_args
-        # each rank runs its engine under a parent that records how it ended (rank/launch.py)
-        # ipyparallel's nanny (a process per engine, a quarter of a second of CPU each to start) signals ranks on
-        # other hosts; ranks on this one are signalled by pid
-        engines = self.placement.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
-                                           engine_cmd=[sys.executable, "-m", "mpinb.rank.launch",
-                                                       f"--IPEngine.enable_nanny={not local}",
-                                                       f"--IPEngine.wait_for_url_file={self.start_timeout:g}"],
-                                           environment=environment, workdir=self.status_dir)
-        self.cluster = ipp.Cluster(
-            engines=engines,
-            n=self.size,
-            controller_ip=self.ip,
-            controller_args=[f"--HeartMonitor.period={self.heartbeat_ms}", "--HubFactory.db_class=NoDB",
-                             f"--HeartMonitor.max_heartmonitor_misses={heartbeat_misses(self.heartbeat_ms)}",
-                             # off loopback, ipyparallel's own messages (which carry the channel's salt) are
-                             # encrypted too, as the cell channel is
-                             f"--IPController.enable_curve={not self.loopback}"],
-            delay=0,
-            # on this host, the ranks start while the controller does (they wait for its connection file)
-            # rather than after it wrote the file, which ipyparallel otherwise waits for to pass it in their
-            # environment
-            send_engines_connection_env=not local,
-            shutdown_atexit=False,
-            cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
-            log_level=logging.WARNING,
-            config=config,
-        )
-        _live_worlds.add(self)
-        self._line = self._progress_line()
-        try:
-            self._say("starting the ipyparallel controller")
-            self.cluster.start_controller_sync()
-            self._say(f"launching {self.size} rank{'s' if self.size != 1 else ''} with {os.path.basename(mpi.mpiexec)}")
-            self.cluster.start_engines_sync(self.size)
-            job_id = self._job_id()
-            if self.placement.launcher == "slurm" and job_id:
-                self.job = SlurmJob(job_id)
-            # from here on a killed kernel leaves nothing, also while the ranks register
-            self._start_reaper(self._launched_processes())
-            self.client = self.cluster.connect_client_sync()
-            self._wait_for_engines()
-            everyone = self.client.direct_view(targets=list(self.client.ids))
-            self._learn_ranks(everyone)
-            self._processes = self._launched_processes() + self._rank_processes()
-            self._start_reaper()  # again, watching what started since too
-            self._shared_files = self._mapped_shared_files()
-            self._say("connecting to the ranks", force=True)
-            self._open_channel(everyone)
-        except BaseException:
-            self._end_line()
-            self.stop()
-            raise
-        self._end_line()
-        # from now on mpinb reports what happens to the ranks itself; ipyparallel would add a warning with every
-        # engine's start-up log whenever mpiexec ends non-zero (a rank died, or the world was stopped)
-        self.cluster.log.setLevel(logging.ERROR)
-        self.started_at = time.time()
-        return self
+            return Startup(self).run(_live_worlds)
 
     def stop(self, *, kill=False):
         """Stop every process this world started; those that do not exit in time are killed by pid.
@@ -315,7 +194,7 @@ class World:
             self._reaper.wait(timeout=5)
             self._reaper = None
         if cluster is not None:
-            _remove_files(ipp.connection_files(cluster) + [path for path in outputs if path])
+            leftovers.remove_files(ipp.connection_files(cluster) + [path for path in outputs if path])
             ipp.end_event_thread(cluster)
         # also the files of ranks that never said hello (their pids are known all the same)
         remove_world_files(self.status_dir, [process.pid for process in processes], self.stack_files.values())
@@ -409,44 +288,11 @@ class World:
 
     def status(self):
         """One row per rank: ``{"rank", "host", "pid", "threads", "state"}``, state being idle, busy or dead."""
-        queues = {}
-        alive_ids = set(self.client.ids) if self.running else set()
-        asked = [eid for eid in self.engines.values() if eid in alive_ids]
-        if asked and self._controller_alive():
-            try:
-                queues = self.client.queue_status(targets=asked)
-            except Exception as exc:  # noqa: BLE001 - engines unregistering as we ask: show them as they are
-                log.debug("queue_status: %s", exc)
-        rows = []
-        dead = set(self.dead_ranks())
-        for rank in self.ranks:
-            who = self.identities[rank]
-            eid = self.engines[rank]
-            if eid not in alive_ids or rank in dead:
-                state = "dead"
-            else:
-                # the hub counts a request until it has seen the reply, later than this client: with nothing
-                # outstanding here, a count left is that lag (mpinb's own cells do not go through the hub)
-                queued = queues.get(eid, {}).get("queue", 0) and self.client.outstanding
-                state = "busy" if queued else "idle"
-            rows.append({"rank": rank, "host": who["host"], "pid": who["pid"], "threads": who.get("threads") or "-",
-                         "state": state})
-        return rows
+        return status.rank_states(self)
 
     def describe(self):
         """A summary: size, MPI library, mpiexec, the batch job if any, and which ranks run on which host."""
-        if not self.engines:
-            return "no MPI world is running"
-        mpi = self.identities[self.ranks[0]]["mpi"]
-        via = self.mpi.mpiexec if self.mpi is not None else "mpiexec"
-        line = f"MPI world of {self.size} rank{'s' if self.size != 1 else ''} ({mpi}) via {via}"
-        where = self.placement.describe(job_id=self._job_id())
-        if where:
-            line += f" in {where}" if self.placement.batch else f" on {where}"
-        if not self.loopback:
-            line += f"; controller on {self.ip}"
-        hosts = self.hosts()
-        return line + "\n" + "; ".join(f"{host}: {label_ranks(ranks)}" for host, ranks in hosts.items())
+        return status.describe(self)
 
     def hosts(self):
         """``{host: [ranks]}`` in order of each host's lowest rank."""
@@ -461,84 +307,7 @@ class World:
 
     # ------------------------------------------------------------------ internals
 
-    def _wait_for_engines(self):
-        """Wait for every rank to register. Time a batch job spends queued does not count against
-        ``start_timeout`` (an interrupt cancels it)."""
-        deadline = time.monotonic() + self.start_timeout
-        polled, queued, shown, what = 0.0, False, -1, "ranks registered"
-        while True:
-            up = len(self.client.ids)
-            if up != shown:
-                shown = up
-                self._say(what, up, self.size, force=up >= self.size)
-            if up >= self.size:
-                return
-            self._check_launchers()
-            if self.job is not None and time.monotonic() - polled > 0.5:
-                polled = time.monotonic()
-                state, where = self.job.state()
-                queued = self._check_job(state, where)
-                reason = "" if where in ("", "(None)") else f" {where}"
-                what = f"Slurm job {self.job.job_id} {state.lower()}{reason}" if queued else "ranks registered"
-                self._say(what, up, self.size, force=True)
-            if queued:
-                deadline = time.monotonic() + self.start_timeout
-            if time.monotonic() > deadline:
-                output = self._launcher_output()
-                raise start_failure(
-                    f"only {up} of {self.size} ranks registered within {self.start_timeout:g} s; "
-                    f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{output}", output)
-            time.sleep(0.02)
-
-    def _progress_line(self):
-        if self.progress is True:
-            from ..widgets.views import Progress
-
-            return Progress(notebook=False)
-        return self.progress() if callable(self.progress) else None
-
-    def _say(self, text, done=None, total=None, *, force=False):
-        if self._line is not None:
-            self._line.update(text, done, total, force=force)
-
-    def _end_line(self):
-        line, self._line = self._line, None
-        if line is not None:
-            line.close()
-
-    def _check_launchers(self):
-        for name, launcher in [("controller", self.cluster.controller), *self.cluster.engines.items()]:
-            process = ipp.process(launcher)
-            if process is not None and not alive(process):
-                what = "the ipyparallel controller" if name == "controller" else "mpiexec"
-                output = self._launcher_output([launcher])
-                raise start_failure(f"{what} exited while the world was starting:\n{output}", output)
-
-    def _check_job(self, state, where):
-        """Raise if the Slurm job ended, or runs where the ranks cannot reach the controller; return whether it
-        is still queued."""
-        if state is None:
-            raise MPIError(f"Slurm job {self.job.job_id} ended before every rank registered; its output:\n"
-                           f"{self._launcher_output()}")
-        if state == "PENDING":
-            reason = where.strip("()")
-            if reason in NEVER_RUNS:
-                raise BadArguments(
-                    f"Slurm will not run job {self.job.job_id} as asked ({reason}): {NEVER_RUNS[reason]}; "
-                    "scontrol show partition lists what each partition allows"
-                )
-            return True
-        if state == "RUNNING" and self.loopback:
-            away = [host for host in self.job.nodes(where) if not is_this_host(host)]
-            if away:
-                raise MPIError(
-                    f"Slurm job {self.job.job_id} runs on {', '.join(away[:3])}, and ranks there cannot reach a "
-                    f"controller that listens on {self.ip}: %mpi start --launcher slurm --ip ADDRESS (an address "
-                    "of this host the compute nodes reach, or 0.0.0.0)"
-                )
-        return False
-
-    def _job_id(self):
+    def job_id(self):
         for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
             if ipp.job_id(launcher):
                 return ipp.job_id(launcher)
@@ -561,17 +330,6 @@ class World:
                 pass
         return processes
 
-    def _launcher_output(self, launchers=None):
-        chunks = []
-        for launcher in launchers or [self.cluster.controller, *self.cluster.engines.values()]:
-            try:
-                text = launcher.get_output()
-            except Exception:  # noqa: BLE001 - output is a courtesy; the error is raised anyway
-                text = ""
-            if text:
-                chunks.append(_excerpt(text))
-        return "\n".join(chunks) or "(no output)"
-
     def _launched_processes(self, cluster=None):
         cluster = cluster or self.cluster
         processes = []
@@ -586,56 +344,15 @@ class World:
                 pass
         return processes
 
-    def _open_channel(self, view):
-        # off loopback, ipyparallel runs CurveZMQ and drops its session key (CurveZMQ authenticates): the
-        # channel's key then travels inside ipyparallel's encrypted messages, never in clear
-        encrypted = bool(self.client.curve_serverkey)
-        if not self.client.session.key and not encrypted:
-            raise MPIError("ipyparallel's messages are neither signed nor encrypted (Session.key is empty and "
-                           "CurveZMQ is off): set a Session key or IPController.enable_curve in its config")
-        self.channel = Channel(self.ip, secret=None if encrypted else self.client.session.key)
-        self.receiver = Receiver()
-        view.apply_sync(agent.start, cells=self.channel.cells_url, events=self.channel.events_url,
-                        salt=self.channel.salt, key=self.channel.sent_key, encrypt=self.channel.encrypt)
-        self.stack_files = self.channel.wait_for_ranks(self.ranks, timeout=self.start_timeout)
-
     def _start_reaper(self, processes=None):
         """A watcher that ends this world's *processes* (default: all it knows) if this process dies without
-        stopping it (rank/reaper)."""
-        import subprocess
-
-        items = []
-        for process in self._processes if processes is None else processes:
-            try:
-                items.append(f"{process.pid}:{process.create_time()}")
-            except psutil.NoSuchProcess:
-                pass
-        cancel = []
-        if self.job is not None:
-            cancel = ["--cancel", f"scancel {self.job.job_id}"]
-        if self._reaper is not None:  # the one started before the ranks registered
-            self._reaper.kill()
-            self._reaper.wait(timeout=5)
-        self._reaper = subprocess.Popen([sys.executable, "-m", "mpinb.notebook.reaper", *cancel, str(os.getpid()),
-                                         self.status_dir, *items],
-                                        start_new_session=True, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stopping it (``notebook/reaper.py``); it replaces the one started before."""
+        self._reaper = leftovers.start_reaper(self._processes if processes is None else processes,
+                                              self.status_dir, job=self.job, previous=self._reaper)
 
     def _mapped_shared_files(self, processes=None):
         """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""
-        files = set()
-        for process in self._processes if processes is None else processes:
-            try:  # /proc/PID/maps, not psutil's memory_maps(), which reads smaps: 30 ms a rank
-                with open(f"/proc/{process.pid}/maps") as maps:
-                    lines = maps.read().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                fields = line.split(None, 5)  # address perms offset device inode [path]
-                path = fields[5].strip() if len(fields) == 6 else ""
-                if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
-                    files.add(path)
-        return files
+        return leftovers.mapped_shared_files(self._processes if processes is None else processes)
 
     def _remove_shared_files(self):
         """MPI removes its segments at MPI_Finalize; a rank that died cannot, so what is left once every process
@@ -645,56 +362,9 @@ class World:
         self.shared_files_seen |= self._shared_files
         self._shared_files = set()
 
-    def _controller_alive(self):
+    def controller_alive(self):
         process = ipp.process(self.cluster.controller)
         return process is None or alive(process)
-
-    def _learn_ranks(self, view):
-        replies = view.apply_async(rank_world.init_world, threads=self.threads).get(timeout=self.start_timeout)
-        sizes = {who["size"] for who in replies}
-        ranks = sorted(who["rank"] for who in replies)
-        if sizes != {self.size} or ranks != list(range(self.size)):
-            raise MPIError(
-                f"mpiexec started {len(replies)} processes but MPI sees world sizes {sorted(sizes)}: this mpiexec "
-                f"({self.mpi.mpiexec if self.mpi else 'mpiexec'}) does not belong to the MPI library the ranks "
-                "loaded. Name the MPI (%mpi start --mpi mpich|openmpi|impi|/path/to/mpiexec), or give the "
-                "ranks its library (%config MPIMagics.mpi_library = '/path/to/libmpi.so')."
-            )
-        self.engines = {who["rank"]: eid for eid, who in zip(view.targets, replies)}
-        self.identities = {who["rank"]: who for who in replies}
-
-
-_ENGINE_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \[(IPEngine|IPController|KernelNanny|IPClusterStart)")
-
-
-def _excerpt(text, head=16, tail=6):
-    """What a launcher said, for an error: its own lines (ipyparallel's log lines left out), the first *head*
-    of them, where launchers put the cause (Open MPI's "not enough slots", Hydra's bad option), and the last
-    *tail*."""
-    lines = [line for line in text.strip().splitlines() if line.strip() and not _ENGINE_LOG.match(line)]
-    if len(lines) <= head + tail:
-        return "\n".join(lines)
-    return "\n".join([*lines[:head], f"[... {len(lines) - head - tail} more lines ...]", *lines[-tail:]])
-
-
-class PortTaken(MPIError):
-    """A start failed because a port ipyparallel picked was taken before its process bound it; worth one retry."""
-
-
-def start_failure(message, output):
-    """The error for a start that failed with *message*: :class:`PortTaken` when the processes' *output* (the
-    only account of why a controller or an engine gave up) says an address was in use, else :class:`MPIError`."""
-    return PortTaken(message) if "Address already in use" in output else MPIError(message)
-
-
-def _remove_files(paths):
-    """What ipyparallel removes itself when a world ends cleanly, but not when its controller or mpiexec was
-    killed: connection files and launcher logs."""
-    for path in paths:
-        if not os.path.isdir(path):
-            Path(path).unlink(missing_ok=True)
-
-
 
 
 @atexit.register

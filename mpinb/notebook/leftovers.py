@@ -1,0 +1,53 @@
+"""What a world leaves if nothing cleans up: the reaper that ends its processes when the kernel dies without
+stopping it, the shared-memory files its ranks mapped, and ipyparallel's files of a world that did not end
+cleanly."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+
+def start_reaper(processes, status_dir, *, job=None, previous=None):
+    """A watcher (``python -m mpinb.notebook.reaper``) that ends *processes*, and cancels *job*, if this process
+    dies without stopping its world; *previous*, the one started before the ranks registered, is stopped."""
+    items = []
+    for process in processes:
+        try:
+            items.append(f"{process.pid}:{process.create_time()}")
+        except psutil.NoSuchProcess:
+            pass
+    cancel = ["--cancel", f"scancel {job.job_id}"] if job is not None else []
+    if previous is not None:
+        previous.kill()
+        previous.wait(timeout=5)
+    return subprocess.Popen([sys.executable, "-m", "mpinb.notebook.reaper", *cancel, str(os.getpid()), status_dir,
+                             *items], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def mapped_shared_files(processes):
+    """Shared-memory files *processes* have mapped (MPI's own segments among them)."""
+    files = set()
+    for process in processes:
+        try:  # /proc/PID/maps, not psutil's memory_maps(), which reads smaps: 30 ms a rank
+            with open(f"/proc/{process.pid}/maps") as maps:
+                lines = maps.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(None, 5)  # address perms offset device inode [path]
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if path.startswith("/dev/shm/") and not path.endswith("(deleted)"):
+                files.add(path)
+    return files
+
+
+def remove_files(paths):
+    """What ipyparallel removes itself when a world ends cleanly, but not when its controller or mpiexec was
+    killed: connection files and launcher logs."""
+    for path in paths:
+        if not os.path.isdir(path):
+            Path(path).unlink(missing_ok=True)

@@ -1,0 +1,303 @@
+"""Starting a world: the controller and ``mpiexec`` launched, every rank registered, told its rank and connected
+to the cell channel; or a clear error naming what failed, with what the processes printed."""
+
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+
+from ..errors import BadArguments, MPIError
+from ..rank import agent
+from ..rank import world as rank_world
+from ..wire.channel import Channel
+from . import ipp, mpis
+from .gather import Receiver
+from .launchers import SlurmJob, is_this_host
+from .reaper import alive
+
+# Keep MPI's own traffic on loopback too (libfabric's tcp/sockets providers, UCX), unless asked otherwise.
+LOOPBACK_ENV = {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo", "UCX_NET_DEVICES": "lo"}
+
+# Reasons a pending Slurm job gives when it will never start without a change (squeue %R)
+NEVER_RUNS = {
+    "PartitionConfig": "the partition cannot give that many tasks (fewer ranks, or another --partition)",
+    "PartitionNodeLimit": "more nodes than the partition allows (fewer ranks, or another --partition)",
+    "PartitionTimeLimit": "a longer --time than the partition allows",
+    "BadConstraints": "no node satisfies the job's constraints (check --scheduler-arg)",
+    "InvalidAccount": "the --account is not valid",
+    "InvalidQOS": "the QOS is not valid",
+    "AccountNotAllowed": "the account may not use this partition",
+    "QOSNotAllowed": "the QOS may not use this partition",
+    "JobHeldAdmin": "an administrator holds the job",
+    "JobHeldUser": "the job is held (scontrol release)",
+}
+
+_ENGINE_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \[(IPEngine|IPController|KernelNanny|IPClusterStart)")
+
+
+class PortTaken(MPIError):
+    """A start failed because a port ipyparallel picked was taken before its process bound it; worth one retry."""
+
+
+def start_failure(message, output):
+    """The error for a start that failed with *message*: :class:`PortTaken` when the processes' *output* (the
+    only account of why a controller or an engine gave up) says an address was in use, else :class:`MPIError`."""
+    return PortTaken(message) if "Address already in use" in output else MPIError(message)
+
+
+# how long an engine's heartbeats may stop before the hub unregisters it: 3.5 s whatever the period, which a rank
+# on a busy machine (64 ranks on 2 cores start in 20 s) does not reach by accident
+HEARTBEAT_SILENCE_MS = 3500
+
+
+def heartbeat_period(size):
+    """The heartbeat period for a world of *size* ranks: 100 ms (a rank's registration completes on a beat, so
+    worlds start sooner) up to 500 ms, so that the controller handles at most about 125 heartbeats a second."""
+    return min(500, max(100, 8 * size))
+
+
+def heartbeat_misses(period_ms):
+    """Heartbeats an engine may miss in a row before the hub unregisters it, at *period_ms*."""
+    return max(3, -(-HEARTBEAT_SILENCE_MS // max(1, int(period_ms))))
+
+
+class Startup:
+    """One start of *world*: what :meth:`World.start` does, step by step, with its progress line."""
+
+    def __init__(self, world):
+        self.world = world
+        self.line = None  # the Progress of this start
+
+    def run(self, registry):
+        """Launch, wait for every rank, connect; on any failure stop what started and raise. The world joins
+        *registry* (the worlds stopped at exit) as soon as there is something to stop."""
+        world = self.world
+        world.cluster = self._cluster()
+        registry.add(world)  # stopped at exit from now on
+        self.line = self._progress_line()
+        try:
+            self._launch()
+            self._register()
+            self._connect()
+        except BaseException:
+            self._end_line()
+            world.stop()
+            raise
+        self._end_line()
+        # from now on mpinb reports what happens to the ranks itself; ipyparallel would add a warning with every
+        # engine's start-up log whenever mpiexec ends non-zero (a rank died, or the world was stopped)
+        world.cluster.log.setLevel(logging.ERROR)
+        world.started_at = time.time()
+        return world
+
+    def _cluster(self):
+        """The ``ipyparallel.Cluster`` of this start, configured, nothing launched yet."""
+        import ipyparallel
+        from traitlets.config import Config
+
+        world = self.world
+        world.mpi = mpi = mpis.resolve(world.mpi_choice, world.mpiexec, world.mpi_library)
+        mpis.check(mpi, sys.executable)
+        world.placement.check()
+        remote = world.placement.remote_hosts()
+        if remote and world.loopback:
+            raise BadArguments(
+                f"ranks on {', '.join(remote[:3])} cannot reach a controller that listens on {world.ip}: add "
+                "--ip with an address of this host they can reach (or 0.0.0.0 for every interface)"
+            )
+        config = Config()
+        world.heartbeat_ms = int(world.heartbeat_choice or heartbeat_period(world.size))
+        world.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
+        environment = {"MPINB_STATUS_DIR": world.status_dir, **mpi.environment()}
+        if world.loopback:
+            environment.update(LOOPBACK_ENV)
+        local = not world.placement.batch and not world.placement.hostfile
+        arguments = mpi.launcher_args(world.size, local=local, forward=sorted(environment)) + world.mpiexec_args
+        # each rank runs its engine under a parent that records how it ended (rank/launch.py)
+        # ipyparallel's nanny (a process per engine, a quarter of a second of CPU each to start) signals ranks on
+        # other hosts; ranks on this one are signalled by pid
+        engines = world.placement.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
+                                            engine_cmd=[sys.executable, "-m", "mpinb.rank.launch",
+                                                        f"--IPEngine.enable_nanny={not local}",
+                                                        f"--IPEngine.wait_for_url_file={world.start_timeout:g}"],
+                                            environment=environment, workdir=world.status_dir)
+        return ipyparallel.Cluster(
+            engines=engines,
+            n=world.size,
+            controller_ip=world.ip,
+            controller_args=[f"--HeartMonitor.period={world.heartbeat_ms}", "--HubFactory.db_class=NoDB",
+                             f"--HeartMonitor.max_heartmonitor_misses={heartbeat_misses(world.heartbeat_ms)}",
+                             # off loopback, ipyparallel's own messages (which carry the channel's salt) are
+                             # encrypted too, as the cell channel is
+                             f"--IPController.enable_curve={not world.loopback}"],
+            delay=0,
+            # on this host, the ranks start while the controller does (they wait for its connection file)
+            # rather than after it wrote the file, which ipyparallel otherwise waits for to pass it in their
+            # environment
+            send_engines_connection_env=not local,
+            shutdown_atexit=False,
+            cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
+            log_level=logging.WARNING,
+            config=config,
+        )
+
+    def _launch(self):
+        """The controller, then ``mpiexec`` (or the batch job), with a reaper watching them at once."""
+        world = self.world
+        self._say("starting the ipyparallel controller")
+        world.cluster.start_controller_sync()
+        ranks = f"{world.size} rank{'s' if world.size != 1 else ''}"
+        self._say(f"launching {ranks} with {os.path.basename(world.mpi.mpiexec)}")
+        world.cluster.start_engines_sync(world.size)
+        job_id = world.job_id()
+        if world.placement.launcher == "slurm" and job_id:
+            world.job = SlurmJob(job_id)
+        # from here on a killed kernel leaves nothing, also while the ranks register
+        world._start_reaper(world._launched_processes())
+
+    def _register(self):
+        """Every rank registered and told its rank; the reaper now watches the ranks too."""
+        world = self.world
+        world.client = world.cluster.connect_client_sync()
+        self._wait_for_engines()
+        self.everyone = world.client.direct_view(targets=list(world.client.ids))
+        self._learn_ranks(self.everyone)
+        world._processes = world._launched_processes() + world._rank_processes()
+        world._start_reaper()  # again, watching what started since too
+        world._shared_files = world._mapped_shared_files()
+
+    def _connect(self):
+        """Every rank's agent connected to a new cell channel."""
+        world = self.world
+        self._say("connecting to the ranks", force=True)
+        # off loopback, ipyparallel runs CurveZMQ and drops its session key (CurveZMQ authenticates): the
+        # channel's key then travels inside ipyparallel's encrypted messages, never in clear
+        encrypted = bool(world.client.curve_serverkey)
+        if not world.client.session.key and not encrypted:
+            raise MPIError("ipyparallel's messages are neither signed nor encrypted (Session.key is empty and "
+                           "CurveZMQ is off): set a Session key or IPController.enable_curve in its config")
+        world.channel = Channel(world.ip, secret=None if encrypted else world.client.session.key)
+        world.receiver = Receiver()
+        self.everyone.apply_sync(agent.start, cells=world.channel.cells_url, events=world.channel.events_url,
+                                 salt=world.channel.salt, key=world.channel.sent_key, encrypt=world.channel.encrypt)
+        world.stack_files = world.channel.wait_for_ranks(world.ranks, timeout=world.start_timeout)
+
+    def _wait_for_engines(self):
+        """Wait for every rank to register. Time a batch job spends queued does not count against
+        ``start_timeout`` (an interrupt cancels it)."""
+        world = self.world
+        deadline = time.monotonic() + world.start_timeout
+        polled, queued, shown, what = 0.0, False, -1, "ranks registered"
+        while True:
+            up = len(world.client.ids)
+            if up != shown:
+                shown = up
+                self._say(what, up, world.size, force=up >= world.size)
+            if up >= world.size:
+                return
+            self._check_launchers()
+            if world.job is not None and time.monotonic() - polled > 0.5:
+                polled = time.monotonic()
+                state, where = world.job.state()
+                queued = self._check_job(state, where)
+                reason = "" if where in ("", "(None)") else f" {where}"
+                what = f"Slurm job {world.job.job_id} {state.lower()}{reason}" if queued else "ranks registered"
+                self._say(what, up, world.size, force=True)
+            if queued:
+                deadline = time.monotonic() + world.start_timeout
+            if time.monotonic() > deadline:
+                output = self._launcher_output()
+                raise start_failure(
+                    f"only {up} of {world.size} ranks registered within {world.start_timeout:g} s; "
+                    f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{output}", output)
+            time.sleep(0.02)
+
+    def _progress_line(self):
+        progress = self.world.progress
+        if progress is True:
+            from ..widgets.views import Progress
+
+            return Progress(notebook=False)
+        return progress() if callable(progress) else None
+
+    def _say(self, text, done=None, total=None, *, force=False):
+        if self.line is not None:
+            self.line.update(text, done, total, force=force)
+
+    def _end_line(self):
+        line, self.line = self.line, None
+        if line is not None:
+            line.close()
+
+    def _check_launchers(self):
+        cluster = self.world.cluster
+        for name, launcher in [("controller", cluster.controller), *cluster.engines.items()]:
+            process = ipp.process(launcher)
+            if process is not None and not alive(process):
+                what = "the ipyparallel controller" if name == "controller" else "mpiexec"
+                output = self._launcher_output([launcher])
+                raise start_failure(f"{what} exited while the world was starting:\n{output}", output)
+
+    def _check_job(self, state, where):
+        """Raise if the Slurm job ended, or runs where the ranks cannot reach the controller; return whether it
+        is still queued."""
+        world = self.world
+        if state is None:
+            raise MPIError(f"Slurm job {world.job.job_id} ended before every rank registered; its output:\n"
+                           f"{self._launcher_output()}")
+        if state == "PENDING":
+            reason = where.strip("()")
+            if reason in NEVER_RUNS:
+                raise BadArguments(
+                    f"Slurm will not run job {world.job.job_id} as asked ({reason}): {NEVER_RUNS[reason]}; "
+                    "scontrol show partition lists what each partition allows"
+                )
+            return True
+        if state == "RUNNING" and world.loopback:
+            away = [host for host in world.job.nodes(where) if not is_this_host(host)]
+            if away:
+                raise MPIError(
+                    f"Slurm job {world.job.job_id} runs on {', '.join(away[:3])}, and ranks there cannot reach a "
+                    f"controller that listens on {world.ip}: %mpi start --launcher slurm --ip ADDRESS (an address "
+                    "of this host the compute nodes reach, or 0.0.0.0)"
+                )
+        return False
+
+    def _launcher_output(self, launchers=None):
+        cluster = self.world.cluster
+        chunks = []
+        for launcher in launchers or [cluster.controller, *cluster.engines.values()]:
+            try:
+                text = launcher.get_output()
+            except Exception:  # noqa: BLE001 - output is a courtesy; the error is raised anyway
+                text = ""
+            if text:
+                chunks.append(_excerpt(text))
+        return "\n".join(chunks) or "(no output)"
+
+    def _learn_ranks(self, view):
+        world = self.world
+        replies = view.apply_async(rank_world.init_world, threads=world.threads).get(timeout=world.start_timeout)
+        sizes = {who["size"] for who in replies}
+        ranks = sorted(who["rank"] for who in replies)
+        if sizes != {world.size} or ranks != list(range(world.size)):
+            raise MPIError(
+                f"mpiexec started {len(replies)} processes but MPI sees world sizes {sorted(sizes)}: this mpiexec "
+                f"({world.mpi.mpiexec if world.mpi else 'mpiexec'}) does not belong to the MPI library the ranks "
+                "loaded. Name the MPI (%mpi start --mpi mpich|openmpi|impi|/path/to/mpiexec), or give the "
+                "ranks its library (%config MPIMagics.mpi_library = '/path/to/libmpi.so')."
+            )
+        world.engines = {who["rank"]: eid for eid, who in zip(view.targets, replies)}
+        world.identities = {who["rank"]: who for who in replies}
+
+
+def _excerpt(text, head=16, tail=6):
+    """What a launcher said, for an error: its own lines (ipyparallel's log lines left out), the first *head*
+    of them, where launchers put the cause (Open MPI's "not enough slots", Hydra's bad option), and the last
+    *tail*."""
+    lines = [line for line in text.strip().splitlines() if line.strip() and not _ENGINE_LOG.match(line)]
+    if len(lines) <= head + tail:
+        return "\n".join(lines)
+    return "\n".join([*lines[:head], f"[... {len(lines) - head - tail} more lines ...]", *lines[-tail:]])
