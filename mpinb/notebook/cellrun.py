@@ -1,0 +1,244 @@
+"""One cell on the ranks, from the moment it is sent to its result: each message as it arrives, the checks
+between messages (a deadline, a failed rank the others wait for, mismatched collectives, a death), stopping the
+cell when one of them says so, and letting ranks stuck in MPI out afterwards."""
+
+import time
+
+from ..errors import RankLost
+from ..wire.kinds import Input, Metrics, Out, Reply, Settled, TraceSpans, Waiting, Where
+from .diagnose import capture_stacks
+from .mismatch import MismatchWatch, after_cell, at_death
+from .perrank import PerRank
+from .rank_errors import announce, check_deaths, lost, stopped, why_stuck
+from .recover import Recovery
+
+COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
+
+
+class CellRun:
+    """The state of one running cell; :meth:`run` waits for it and returns its :class:`CellResult`. The
+    settings are :func:`~mpinb.notebook.execute.run_cell`'s."""
+
+    def __init__(self, world, code, result, settings):
+        self.world, self.code, self.result, self.settings = world, code, result, settings
+        self.ranks, self.printer = result.ranks, settings.printer
+        self.replies = {}
+        self.interrupted = self.give_up_at = self.first_failure = self.death_seen = None
+        self.line = None  # the progress line of a recovery under way
+        self.channel = world.channel
+        self.watch = (MismatchWatch(self.channel, self.ranks, code, world=world, after=settings.collective_wait)
+                      if settings.collective_wait is not None else None)
+        self.recovery = Recovery(self.channel, world, self.ranks) if settings.recover else None
+
+    @property
+    def pending(self):
+        return [rank for rank in self.ranks if rank not in self.replies]
+
+    def run(self, options):
+        """Send the cell with *options*, wait for every rank (or give up on the stuck), return the result."""
+        settings, now = self.settings, time.monotonic()
+        self.started = time.perf_counter()
+        self.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number, options)
+        self.deadline = now + settings.timeout if settings.timeout else None
+        self.check_liveness_at = now + settings.liveness_every
+        metrics = settings.metrics
+        wait = settings.liveness_every if metrics is None else min(settings.liveness_every, metrics.refresh_interval)
+        while len(self.replies) < len(self.ranks):
+            try:
+                for message in self.channel.receive(wait):
+                    self.handle(message)
+                if self.tick(time.monotonic()):
+                    break
+            except KeyboardInterrupt as exc:
+                if self.interrupted is not None:
+                    break  # a second interrupt: stop waiting at once
+                self.interrupted = exc
+                self.stop("interrupt")
+        return self.finish()
+
+    def handle(self, message):
+        """One message from a rank: output, metrics, a roll-call answer, a prompt, trace spans or the reply."""
+        result, settings, watch, recovery = self.result, self.settings, self.watch, self.recovery
+        if isinstance(message, Out) and message.cell_id == self.cell_id:
+            rank, _, name, text = message
+            getattr(result, name)[rank] += text
+            if settings.stream:
+                self.printer.feed(rank, name, text)
+        elif isinstance(message, Metrics) and settings.metrics is not None:
+            settings.metrics.add(message.rank, message.records)
+        elif isinstance(message, (Waiting, Where)):
+            if watch is not None and message.cell_id in (self.cell_id, None):
+                watch.feed(message)
+            if recovery is not None and isinstance(message, Where):
+                recovery.feed(message)
+        elif isinstance(message, Settled) and recovery is not None:
+            recovery.feed(message)
+        elif isinstance(message, Input) and message.cell_id == self.cell_id:  # a debugger on a rank asks
+            _ask(self.channel, self.printer, message.rank, message.prompt)
+        elif isinstance(message, TraceSpans) and settings.trace is not None and message.cell_id == self.cell_id:
+            settings.trace.add(message.rank, message.spans, message.dropped, message.clocks)
+        elif isinstance(message, Reply) and message.cell_id == self.cell_id:
+            self.reply(message.rank, message.reply)
+
+    def reply(self, rank, reply):
+        self.replies[rank] = reply
+        if "gathered" in reply:  # copy out now, while other ranks are still sending
+            _unpack_gathered(self.world, self.result, rank, reply)
+        if "error" in reply and self.first_failure is None and self.result.trouble is None:
+            self.first_failure = (rank, time.monotonic())
+            pending = self.pending
+            early = capture_stacks(self.world, pending) if pending and self.settings.abort_grace is not None else {}
+            if early and all(stack.in_communication(self.code) for stack in early.values()):
+                self.stop("failure", early)  # they wait for the failed rank: no point in waiting for them
+
+    def tick(self, now):
+        """The checks between messages; whether to give up waiting for the ranks left."""
+        settings, result = self.settings, self.result
+        if settings.metrics is not None:
+            settings.metrics.tick(now, finished=list(self.replies))
+        if settings.status is not None:
+            settings.status.tick(time.perf_counter() - self.started, self.ranks, self.replies)
+        if result.trouble is None and self.pending:
+            self.check_trouble(now)
+        if result.trouble is not None and self.recovery is not None and self.pending and result.first_death is None:
+            self.recover(now)
+        if now < self.check_liveness_at:
+            return False
+        self.check_liveness_at = now + settings.liveness_every
+        self.check_liveness(now)
+        return self.give_up_at is not None and now > self.give_up_at
+
+    def check_trouble(self, now):
+        """Stop the cell for mismatched collectives, its timeout, or a failed rank the others did not follow."""
+        verdict = self.watch.tick(self.replies, now) if self.watch is not None else None
+        if verdict is not None:
+            self.result.mismatch = verdict
+            self.stop("mismatch", self.watch.stacks(self.pending))
+        elif self.deadline is not None and now >= self.deadline:
+            self.stop("timeout")
+        elif self.first_failure and self.settings.abort_grace is not None and \
+                now >= self.first_failure[1] + self.settings.abort_grace:
+            self.stop("failure")
+
+    def recover(self, now):
+        """Advance the letting out of ranks stuck in MPI, and the line saying how it goes."""
+        more = self.recovery.tick(self.replies, now)
+        if more is not None:
+            self.give_up_at = now + more
+        elif self.recovery.reason is not None:
+            self.give_up_at = min(self.give_up_at, now)  # nothing will let them out: restart at once
+        if self.settings.progress is not None:
+            self.line = self.line or self.settings.progress()
+            self.line.update(self.recovery.stage(self.replies))
+
+    def check_liveness(self, now):
+        """Ranks that died: reported; once one did, the others cannot finish and are given up on."""
+        result = self.result
+        check_deaths(self.world, self.ranks, self.replies, result, self.code)
+        if result.first_death is not None and result.mismatch is None and self.watch is not None:
+            result.mismatch = at_death(self.world, self.ranks)
+        if result.first_death is not None and self.pending:
+            # a world with a dead rank cannot finish a collective; mpiexec normally ends the rest at once
+            self.death_seen = self.death_seen or now
+            if now - self.death_seen > 2 * self.settings.liveness_every:
+                for rank in self.ranks:
+                    self.replies.setdefault(rank, {"error": lost(
+                        f"still running when rank {result.first_death} died; the world cannot be used any more")})
+
+    def stop(self, reason, stacks=None):
+        """Say at once who failed and where every running rank is, then interrupt those ranks. Ranks waiting in
+        communication do not answer an interrupt: when all of them do, they are given up on at once."""
+        result, settings, pending = self.result, self.settings, self.pending
+        result.trouble = reason
+        stacks = dict(stacks or {})
+        missing = [rank for rank in pending if rank not in stacks]
+        result.stacks = {**capture_stacks(self.world, missing), **stacks} if missing else stacks
+        announce(result, pending, self.code, settings.timeout, self.first_failure, self.replies, self.printer)
+        self.world.interrupt(pending)
+        waiting = all(result.stacks[rank].in_communication(self.code) for rank in pending if rank in result.stacks)
+        result.grace = min(COMMUNICATION_GRACE, settings.interrupt_grace) if waiting else settings.interrupt_grace
+        self.give_up_at = time.monotonic() + result.grace
+        if self.recovery is not None:  # time to find what the stuck ranks wait in, and to let them out
+            self.give_up_at = max(self.give_up_at, time.monotonic() + self.recovery.settle_within + 0.5)
+
+    def finish(self):
+        """The result: every rank's value or error, the verdicts, how stuck ranks were let out."""
+        result = self.result
+        self.printer.finish()
+        if self.line is not None:
+            self.line.close()
+        if self.settings.metrics is not None:
+            self.settings.metrics.finish()
+        result.seconds = time.perf_counter() - self.started
+        result.first_failure = self.first_failure[0] if self.first_failure else None
+        self._errors_and_values()
+        self._mismatch_verdicts()
+        if self.recovery is not None and result.trouble is not None:
+            if self.recovery.plan is not None and not result.stuck:
+                result.recovered = self.recovery.note
+            elif result.stuck:
+                result.unrecoverable = self.recovery.reason or why_stuck(self.recovery)
+        result.finished = [rank for rank in self.ranks if rank not in result.errors]
+        for name, values in result.gathered.items():  # rank order, whatever order the replies came in
+            result.gathered[name] = PerRank(sorted(values.items()))
+        if self.interrupted is not None:
+            self.interrupted.mpinb_result = result  # where each rank was, for whoever handles the interrupt
+            raise self.interrupted
+        return result
+
+    def _errors_and_values(self):
+        result, timeout = self.result, self.settings.timeout
+        for rank in self.ranks:
+            reply = self.replies.get(rank)
+            if reply is None:
+                result.stuck.append(rank)
+                result.errors[rank] = stopped(result, rank, self.code, timeout, result.grace, answered=False)
+            elif "error" in reply:
+                error = reply["error"]
+                if rank in result.stacks and error["ename"] == "KeyboardInterrupt":
+                    error = stopped(result, rank, self.code, timeout, result.grace, answered=True)
+                result.errors[rank] = error
+            elif reply["value"] is not None:
+                result.values[rank] = reply["value"]
+
+    def _mismatch_verdicts(self):
+        result = self.result
+        if result.mismatch is not None and result.first_death is not None:  # MPI ended the job over it
+            for rank, error in result.errors.items():
+                if error["ename"] == RankLost.__name__:  # one message for every rank, since it names each rank's part
+                    result.errors[rank] = lost(f"ranks were in different collectives, and MPI ended the job over "
+                                               f"it: {result.mismatch}")
+                    result.errors[rank]["ename"] = "CollectiveMismatch"
+        if not result.errors and result.trouble is None and self.watch is not None:
+            result.mismatch = after_cell(self.replies, self.ranks)
+            if result.mismatch is not None:
+                result.trouble = "mismatch"
+                for rank in self.ranks:
+                    result.errors[rank] = {"ename": "CollectiveMismatch", "evalue": result.mismatch, "traceback": []}
+
+
+def _unpack_gathered(world, result, rank, reply):
+    gathered, buffers = reply.pop("gathered"), reply.pop("buffers", [])
+    if "note" in gathered:
+        result.gather_notes.append(f"rank {rank}: {gathered['note']}")
+    for owner, values in world.receiver.unpack(rank, gathered, buffers).items():
+        for name, (kind, value, stats) in values.items():
+            if kind == "error":
+                result.gather_errors.setdefault(name, {})[owner] = value
+            else:
+                result.gathered.setdefault(name, PerRank())[owner] = value
+                result.gather_stats.setdefault(name, {})[owner] = stats
+
+
+def _ask(channel, printer, rank, prompt):
+    """Show a rank's debugger prompt through the kernel's stdin (as ``input()`` does) and send the answer back;
+    end of input ends its session, and the Stop button ends it before stopping the cell."""
+    printer.finish()
+    try:
+        line = input(prompt)
+    except EOFError:
+        line = None
+    except KeyboardInterrupt:
+        channel.send_stdin(rank, None)
+        raise
+    channel.send_stdin(rank, line)

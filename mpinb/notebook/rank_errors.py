@@ -1,0 +1,104 @@
+"""The error each rank gets when it did not finish a cell on its own: stopped by mpinb (timeout, another rank's
+failure, an interrupt, mismatched collectives) or lost (its process died), and the diagnosis printed the moment a
+cell is stopped."""
+
+import signal
+import sys
+
+from ..errors import RankLost
+from ..wire.ranks import label_ranks
+from .diagnose import death_report, fatal_stack, last_stderr
+
+
+def announce(result, pending, code, timeout, first_failure, replies, printer):
+    """The diagnosis, printed the moment the cell is stopped: why, then where each running rank is."""
+    printer.finish()
+    if result.trouble == "failure" and first_failure is not None:
+        error = replies[first_failure[0]]["error"]
+        message = error["evalue"].splitlines()[0] if error["evalue"] else ""
+        why = f"rank {first_failure[0]} failed ({error['ename']}: {message})"
+    elif result.trouble == "timeout":
+        why = f"the cell ran past its {timeout:g} s timeout"
+    elif result.trouble == "mismatch":
+        why = f"ranks are in different collectives: {result.mismatch}"
+    else:
+        why = "interrupted"
+    places = {}  # ranks at the same place are listed once, as identical failures are
+    for rank in pending:
+        stack = result.stacks.get(rank)
+        places.setdefault(stack.where(code) if stack is not None else "position unknown", []).append(rank)
+    lines = [f"[mpinb] {why}; stopping {label_ranks(pending)}:"]
+    lines += [f"[mpinb]   {label_ranks(members)}: {where}" for where, members in places.items()]
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
+
+
+def stopped(result, rank, code, timeout, grace, *, answered):
+    """The error of a rank mpinb stopped: why, where it was, and whether it answered the interrupt."""
+    if result.trouble == "mismatch":  # the same for every rank: it names each rank's collective already
+        return {"ename": "CollectiveMismatch", "evalue": result.mismatch, "traceback": []}
+    stack = result.stacks.get(rank)
+    where = stack.where(code) if stack is not None else "position unknown"
+    if result.trouble == "timeout":
+        why = f"still running after {timeout:g} s"
+    elif result.trouble == "failure":
+        why = f"stopped after rank {result.first_failure} failed"
+    else:
+        why = "interrupted"
+    ename = {"timeout": "Timeout", "interrupt": "KeyboardInterrupt", "failure": "Aborted"}[result.trouble]
+    tail = "" if answered else f"; did not answer the interrupt within {grace:g} s (stuck in C or MPI)"
+    frames = ["Where it was (most recent call last):\n" + stack.text() + "\n"] if stack is not None and stack.frames \
+        else []
+    return {"ename": ename, "evalue": f"{why}, {where}{tail}", "traceback": frames}
+
+
+def check_deaths(world, ranks, replies, result, code):
+    dead = world.dead_ranks([rank for rank in ranks if rank not in replies])
+    if not dead:
+        return
+    deaths = death_report(world, dead, wait=2.0)
+    if result.first_death is None and all(d.returncode is None and not d.abort and d.host is None
+                                          for d in deaths.values()):
+        caller = next((d.aborted_by for d in deaths.values() if d.aborted_by), None)
+        for rank in dead:  # nobody could record anything: the job was ended as a whole
+            why = (f"rank {rank} was ended by mpiexec after rank {caller[0]} {caller[1]}" if caller else
+                   f"rank {rank} died with the whole job at once, leaving no exit status (MPI_Abort on some rank, "
+                   "or mpiexec was killed)")
+            replies[rank] = {"error": lost(why)}
+        result.first_death = caller[0] if caller and caller[0] in dead else min(dead)
+        return
+    for death in sorted(deaths.values(), key=lambda d: (d.when is None, d.when or 0.0)):
+        rank, frames = death.rank, []
+        if result.first_death is None:
+            result.first_death = rank
+            message = f"rank {rank} died: {death.describe()}"
+            if death.abort:
+                message = (f"rank {rank} {death.abort}, so mpiexec ended every rank of the job "
+                           f"(error code {death.abort_code})")
+            crash = fatal_stack(world, rank) if death.returncode is not None and death.returncode < 0 else None
+            if crash is not None and crash.frames:
+                message += " " + crash.where(code, verb="in")
+                frames = ["Where it crashed (most recent call last):\n" + crash.text() + "\n"]
+            tail = "\n".join(last_stderr(world, rank, result.stderr.get(rank, "")).splitlines()[-5:])
+            if tail:
+                message += f"; its last stderr lines:\n{tail}"
+        elif death.returncode in (-signal.SIGKILL, None):
+            cause = "called MPI_Abort" if deaths.get(result.first_death, death).abort else "died"
+            message = f"rank {rank} was ended by mpiexec after rank {result.first_death} {cause}"
+        else:
+            message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"
+        replies[rank] = {"error": lost(message, frames)}
+
+
+def why_stuck(recovery):
+    failed = recovery.failed_steps()
+    if failed:
+        return "letting them out failed: " + "; ".join(f"rank {rank}: {', '.join(problems)}"
+                                                       for rank, problems in sorted(failed.items()))
+    if recovery.plan is not None:
+        return "they stayed in MPI after the other ranks completed what they waited for"
+    return None
+
+
+def lost(message, frames=()):
+    return {"ename": RankLost.__name__, "evalue": message, "traceback": list(frames)}
