@@ -3,28 +3,24 @@
 import functools
 import keyword
 import math
-import re
 import shlex
-import sys
 import time
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.display import display
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
-from ..errors import BadArguments, Interrupted, NoMPI
+from ..errors import BadArguments, NoMPI
 from ..widgets import views
-from ..widgets.status import status_html, status_text
-from ..wire.messages import Call
 from ..wire.ranks import parse_ranks
-from . import arguments, execute
+from . import arguments
 from .cluster import World, check_size
+from .frontend import in_notebook
 from .history import History
+from .inspecting import Inspecting
 from .launchers import LAUNCHERS, Placement
-from .live import CellStatus, LiveMetrics, LiveTrace, show_trace
-from .output import RankPrinter
+from .running import Running
 
 
 def _usage(method):
@@ -40,7 +36,7 @@ def _usage(method):
 
 
 @magics_class
-class MPIMagics(Magics):
+class MPIMagics(Running, Inspecting, Magics):
     """Drive an MPI world from IPython. Configure with ``%config MPIMagics.<option> = value``."""
 
     default_ranks = Integer(2, config=True, help="Ranks started by %%mpi when no world runs and -n is not given.")
@@ -123,7 +119,7 @@ class MPIMagics(Magics):
         self.observe(lambda change: setattr(views, "keep_widgets", change["new"]), names="keep_widgets")
         if shell is not None:  # each view drawn by a cell is replaced by its static rendering when the cell ends
             shell.events.register("post_run_cell", views.seal_all)
-            if _in_notebook(shell):
+            if in_notebook(shell):
                 views.warm_up()
 
     # ------------------------------------------------------------------ %mpi
@@ -183,43 +179,23 @@ class MPIMagics(Magics):
             In [6]: %mpi start -n 64 --launcher slurm --partition gpu --time 1:00:00 --ip 0.0.0.0
         """
         args = arguments.line_parser().parse_args(_split(line, "%mpi"))
-        if args.command == "start":
-            if self.world is not None and self.world.running:
-                raise UsageError(
-                    f"a {self.world.size}-rank world is already running: %mpi restart -n N replaces it, "
-                    "%mpi stop ends it"
-                )
-            self.start(n=args.n, mpi=args.mpi, mpiexec=args.mpiexec, mpiexec_args=args.mpiexec_arg, ip=args.ip,
-                       launcher=args.launcher, hostfile=args.hostfile, partition=args.partition,
-                       time_limit=args.time, account=args.account, scheduler_args=args.scheduler_arg)
-        elif args.command == "stop":
-            self.stop()
-        elif args.command == "restart":
-            self.restart(n=args.n)
-        elif args.command == "status":
-            self.show_status()
-        elif args.command == "output":
-            if self.last is None:
-                print("no %%mpi cell has run yet")
-            else:
-                print(self.last.rank_ordered())
-        elif args.command == "metrics":
-            self.show_metrics(run=args.run)
-        elif args.command == "grads":
-            self.show_grads(args.model)
-        elif args.command == "who":
-            self.show_who()
-        elif args.command == "debug":
-            self.debug(args.rank)
-        elif args.command == "trace":
-            if self.last_trace is None:
-                print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
-            else:
-                show_trace(self.last_trace, view=self._view())
-        elif args.command == "view":
-            self.world_view().activate()
-            print("%px and %%px now run on every rank of this world (ipyparallel labels their output by engine "
-                  "id); mpinb.view() is the same view")
+        getattr(self, f"_command_{args.command}")(args)
+
+    def _command_start(self, args):
+        if self.world is not None and self.world.running:
+            raise UsageError(
+                f"a {self.world.size}-rank world is already running: %mpi restart -n N replaces it, "
+                "%mpi stop ends it"
+            )
+        self.start(n=args.n, mpi=args.mpi, mpiexec=args.mpiexec, mpiexec_args=args.mpiexec_arg, ip=args.ip,
+                   launcher=args.launcher, hostfile=args.hostfile, partition=args.partition,
+                   time_limit=args.time, account=args.account, scheduler_args=args.scheduler_arg)
+
+    def _command_stop(self, args):
+        self.stop()
+
+    def _command_restart(self, args):
+        self.restart(n=args.n)
 
     # ------------------------------------------------------------------ %%mpi
 
@@ -304,7 +280,7 @@ class MPIMagics(Magics):
             heartbeat_ms=self.heartbeat_ms or None,
             start_timeout=self.start_timeout,
             threads=self.threads_per_rank,
-            progress=lambda: views.Progress(notebook=_in_notebook(self.shell)),
+            progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
         )
         self.world = _timed_start(world.start)
         self.history = History()
@@ -339,202 +315,7 @@ class MPIMagics(Magics):
         return self.start(n=n)
 
     def _view(self):
-        return self.live_view if self.live_view != "auto" else ("widgets" if _in_notebook(self.shell) else "text")
-
-    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0, trace=False):
-        """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed.
-
-        Each name in *gather* becomes a ``PerRank`` in the user namespace (the ranks that had it), shown in the
-        tensor inspector when *inspect*; names missing or untransferable on some ranks raise ``GatherError``
-        after the others are assigned. With *trace*, every rank's MPI calls are recorded and shown as a
-        timeline when the cell ends, failed or not (``self.last_trace``).
-        """
-        printer = RankPrinter(color=_color(self.shell))
-        view = self._view()
-        self.live = metrics = LiveMetrics(self.history, view=view, refresh_interval=self.refresh_interval,
-                              max_points=self.max_points)
-        # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
-        number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
-        options = {"report_interval": self.report_interval, "collective_wait": self.collective_wait or None}
-        # IPython's syntax turned into Python once here, not by every rank
-        options["source"] = _transformed(self.shell, cell)
-        tracer = None
-        if trace:
-            options.update(trace=True, trace_buffer=self.trace_buffer)
-            tracer = LiveTrace(view=view)
-        if gather:
-            options.update(gather=list(gather), stats=inspect, transport=self._transport(ranks), root=self._root())
-        try:
-            self.last = result = execute.run_cell(
-                self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
-                options=options, timeout=timeout or None, interrupt_grace=self.interrupt_grace,
-                status=CellStatus(self.history, widgets=view == "widgets", after=self.status_after),
-                abort_grace=self.abort_grace if self.abort_grace >= 0 else None,
-                collective_wait=self.collective_wait or None, trace=tracer,
-                progress=lambda: views.Progress(notebook=_in_notebook(self.shell)),
-            )
-        except KeyboardInterrupt as exc:
-            stopped = getattr(exc, "mpinb_result", None)
-            if stopped is None:
-                raise
-            self.last = stopped
-            if tracer is not None:
-                self.last_trace = tracer.finish(stopped.ranks)
-            notes = self._recover(stopped)
-            raise Interrupted(stopped.errors, stopped.ranks, notes=stopped.notes(notes), first=stopped.first_death) \
-                from None
-        if not stream:
-            print(result.rank_ordered())
-        if tracer is not None:
-            self.last_trace = tracer.finish(result.ranks)
-        self.shell.user_ns.update(result.gathered)
-        for note in result.gather_notes:
-            print(f"[mpinb] {note}", file=sys.stderr)
-        if gather and inspect and result.gathered:
-            self._show_inspector(result)
-        try:
-            result.raise_for_errors(notes=self._recover(result))
-            result.raise_for_gather_errors()
-        finally:
-            # the values are the user's now: held here too (self.last), they would keep the ranks' shared
-            # memory they are views of after the user dropped them
-            result.gathered = {name: None for name in result.gathered}
-        return result
-
-    def _recover(self, result):
-        """Restart the world when ranks stayed stuck after an interrupt; return what to tell the user (the cell's
-        error says it, once: it is not printed as well)."""
-        if not result.stuck:
-            if not result.recovered:
-                return []
-            return [f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
-                    "rank's variables are kept (the values that call left are not meaningful)"]
-        from ..wire.ranks import label_ranks
-
-        size = self.world.size
-        why = f" ({result.unrecoverable})" if result.unrecoverable else ""
-        note = (f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}, so the world "
-                f"was restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
-                "and mpinb.metrics() are kept")
-        self.world.restart(kill=True)
-        return [note]
-
-    def _transport(self, ranks):
-        transport = self.gather_transport
-        if transport == "auto":
-            transport = "shm" if self.world.on_this_host(ranks) else "mpi"
-        if transport == "mpi" and ranks is not None and len(ranks) != self.world.size:
-            transport = "frames"  # a collective needs every rank; a subset sends rank by rank
-        return transport
-
-    def _root(self):
-        """The rank an MPI gather collects on: the first one on the notebook's host (its message is local)."""
-        return next((rank for rank in self.world.ranks if self.world.on_this_host([rank])), 0)
-
-    def _show_inspector(self, result):
-        from ..widgets.inspector import (
-            inspect_gathered,
-            inspector_text,
-            inspector_widget,
-        )
-
-        reports = inspect_gathered(result.gathered, result.gather_stats)
-        if _in_notebook(self.shell):
-            from ..widgets.static import inspector_bundle
-
-            views.show_at_end(lambda: inspector_widget(reports), lambda: inspector_bundle(reports),
-                              name="tensor inspector")
-        else:
-            print(inspector_text(reports))
-
-    def world_view(self):
-        """ipyparallel's DirectView of the running world, one target per rank in rank order."""
-        return self._running_world().view
-
-    def show_status(self):
-        if self.world is None or not self.world.running:
-            print("no MPI world is running: %mpi start -n N starts one")
-            return
-        rows = self.world.status()
-        header = self.world.describe()
-        if _in_notebook(self.shell):
-            display({"text/html": status_html(rows, header), "text/plain": status_text(rows, header)}, raw=True)
-        else:
-            print(status_text(rows, header))
-
-    def show_grads(self, model):
-        """Layer × rank gradient view of the module called *model* on every rank (statistics only travel)."""
-        if not _DOTTED.match(model):
-            raise UsageError(f"%mpi grads takes the model's name on the ranks (model, trainer.model), not {model!r}")
-        self._running_world()
-        from ..rank.inspect import grad_stats
-        from ..widgets.grads import grad_report, grads_text, grads_widget
-
-        result = self._on_ranks(grad_stats, model)
-        problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "NotComparable"}
-        if problems:  # grad_stats named the ranks and the cause, the same on every rank
-            raise UsageError(f"%mpi grads {model}: {problems.pop()}")
-        result.raise_for_errors()
-        reports = grad_report(dict(result.values))
-        if _in_notebook(self.shell):
-            from ..widgets.static import grads_bundle
-
-            views.show_at_end(lambda: grads_widget(reports), lambda: grads_bundle(reports), name="gradient view")
-        else:
-            print(grads_text(reports))
-        return reports
-
-    def _running_world(self):
-        """The running world, or a ``UsageError`` saying how to start one."""
-        if self.world is None or not self.world.running:
-            raise UsageError("no MPI world is running: %mpi start -n N starts one")
-        return self.world
-
-    def _on_ranks(self, function, *args, ranks=None):
-        """Call mpinb's own rank-side *function* (``%mpi grads``, ``who``, ``debug``) with *args* on *ranks*, as a
-        cell whose value is what it returns: no code is sent, only the function's name; no mismatch roll call."""
-        return execute.run_cell(self.world, "", ranks=ranks, printer=RankPrinter(color=_color(self.shell)),
-                                interrupt_grace=self.interrupt_grace, collective_wait=None,
-                                options={"call": Call.of(function, *args)})
-
-    def show_who(self):
-        """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
-        self._running_world()
-        from ..rank.who import who
-        from ..widgets.who import who_html, who_report, who_text
-
-        result = self._on_ranks(who)
-        result.raise_for_errors()
-        rows = who_report(dict(result.values))
-        if _in_notebook(self.shell):
-            display({"text/html": who_html(rows), "text/plain": who_text(rows)}, raw=True)
-        else:
-            print(who_text(rows))
-        return rows
-
-    def debug(self, rank):
-        """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); the other
-        ranks are left as they are."""
-        self._running_world()
-        if rank not in self.world.ranks:
-            raise UsageError(f"%mpi debug takes a rank of this world (0-{self.world.size - 1}), not {rank}")
-        from ..rank.debug import post_mortem
-
-        result = self._on_ranks(post_mortem, ranks=[rank])
-        result.raise_for_errors()
-
-    def show_metrics(self, *, run=None):
-        """Charts and table (text in a terminal) of *run*, or of every run reported in this world."""
-        runs = self.history.runs()
-        if run is not None:
-            if run not in runs:
-                raise UsageError(f"no run {run!r} in this world's metrics; runs: {', '.join(runs) or 'none yet'}")
-            runs = [run]
-        if not runs:
-            print("no metrics reported in this world yet: call mpinb.report(loss=...) in a %%mpi cell")
-            return
-        view = "widgets" if _in_notebook(self.shell) else "text"
-        LiveMetrics(self.history, view=view, max_points=self.max_points, runs=runs).finish()
+        return self.live_view if self.live_view != "auto" else ("widgets" if in_notebook(self.shell) else "text")
 
 
 def _timed_start(start):
@@ -553,31 +334,3 @@ def _split(line, magic):
         return shlex.split(line)
     except ValueError as exc:
         raise UsageError(f"{magic} {line}: {str(exc).lower()} (close the quote, or escape it with \\)") from None
-
-
-_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-def _in_notebook(shell):
-    """A kernel with a frontend that renders widgets (terminal IPython has no ``kernel``)."""
-    return getattr(shell, "kernel", None) is not None
-
-
-def _transformed(shell, cell):
-    """*cell* as IPython turns it into Python (``%time x`` becomes a ``run_line_magic`` call; *cell* itself, which
-    pickles as a reference to it, when unchanged), or ``None`` when it cannot be transformed here (then each rank
-    transforms it, and reports what fails)."""
-    transform = getattr(shell, "transform_cell", None)
-    if transform is None:
-        return None
-    try:
-        source = transform(cell)
-    except Exception:  # noqa: BLE001 - the ranks transform it again and report the error as theirs
-        return None
-    return cell if source == cell else source
-
-
-def _color(shell):
-    if _in_notebook(shell):
-        return False
-    return sys.stderr.isatty() and getattr(shell, "colors", "nocolor").lower() != "nocolor"

@@ -1,0 +1,143 @@
+"""The magics that look at a running world without changing it: ``%mpi status``, ``output``, ``metrics``,
+``grads``, ``who``, ``trace``, ``view`` and ``debug`` (a part of :class:`~mpinb.notebook.magics.MPIMagics`)."""
+
+import re
+
+from IPython.core.error import UsageError
+from IPython.display import display
+
+from ..widgets import views
+from ..widgets.status import status_html, status_text
+from ..wire.messages import Call
+from . import execute
+from .frontend import colored, in_notebook
+from .live import LiveMetrics, show_trace
+from .output import RankPrinter
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class Inspecting:
+    """``%mpi``'s inspecting subcommands; the magics class supplies ``world``, ``history``, ``shell`` and its
+    settings."""
+
+    def _command_status(self, args):
+        self.show_status()
+
+    def _command_output(self, args):
+        if self.last is None:
+            print("no %%mpi cell has run yet")
+        else:
+            print(self.last.rank_ordered())
+
+    def _command_metrics(self, args):
+        self.show_metrics(run=args.run)
+
+    def _command_grads(self, args):
+        self.show_grads(args.model)
+
+    def _command_who(self, args):
+        self.show_who()
+
+    def _command_debug(self, args):
+        self.debug(args.rank)
+
+    def _command_trace(self, args):
+        if self.last_trace is None:
+            print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
+        else:
+            show_trace(self.last_trace, view=self._view())
+
+    def _command_view(self, args):
+        self.world_view().activate()
+        print("%px and %%px now run on every rank of this world (ipyparallel labels their output by engine "
+              "id); mpinb.view() is the same view")
+
+    def world_view(self):
+        """ipyparallel's DirectView of the running world, one target per rank in rank order."""
+        return self._running_world().view
+
+    def show_status(self):
+        if self.world is None or not self.world.running:
+            print("no MPI world is running: %mpi start -n N starts one")
+            return
+        rows = self.world.status()
+        header = self.world.describe()
+        if in_notebook(self.shell):
+            display({"text/html": status_html(rows, header), "text/plain": status_text(rows, header)}, raw=True)
+        else:
+            print(status_text(rows, header))
+
+    def show_grads(self, model):
+        """Layer × rank gradient view of the module called *model* on every rank (statistics only travel)."""
+        if not _DOTTED.match(model):
+            raise UsageError(f"%mpi grads takes the model's name on the ranks (model, trainer.model), not {model!r}")
+        self._running_world()
+        from ..rank.inspect import grad_stats
+        from ..widgets.grads import grad_report, grads_text, grads_widget
+
+        result = self._on_ranks(grad_stats, model)
+        problems = {error["evalue"] for error in result.errors.values() if error["ename"] == "NotComparable"}
+        if problems:  # grad_stats named the ranks and the cause, the same on every rank
+            raise UsageError(f"%mpi grads {model}: {problems.pop()}")
+        result.raise_for_errors()
+        reports = grad_report(dict(result.values))
+        if in_notebook(self.shell):
+            from ..widgets.static import grads_bundle
+
+            views.show_at_end(lambda: grads_widget(reports), lambda: grads_bundle(reports), name="gradient view")
+        else:
+            print(grads_text(reports))
+        return reports
+
+    def _running_world(self):
+        """The running world, or a ``UsageError`` saying how to start one."""
+        if self.world is None or not self.world.running:
+            raise UsageError("no MPI world is running: %mpi start -n N starts one")
+        return self.world
+
+    def _on_ranks(self, function, *args, ranks=None):
+        """Call mpinb's own rank-side *function* (``%mpi grads``, ``who``, ``debug``) with *args* on *ranks*, as a
+        cell whose value is what it returns: no code is sent, only the function's name; no mismatch roll call."""
+        return execute.run_cell(self.world, "", ranks=ranks, printer=RankPrinter(color=colored(self.shell)),
+                                interrupt_grace=self.interrupt_grace, collective_wait=None,
+                                options={"call": Call.of(function, *args)})
+
+    def show_who(self):
+        """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
+        self._running_world()
+        from ..rank.who import who
+        from ..widgets.who import who_html, who_report, who_text
+
+        result = self._on_ranks(who)
+        result.raise_for_errors()
+        rows = who_report(dict(result.values))
+        if in_notebook(self.shell):
+            display({"text/html": who_html(rows), "text/plain": who_text(rows)}, raw=True)
+        else:
+            print(who_text(rows))
+        return rows
+
+    def debug(self, rank):
+        """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); the other
+        ranks are left as they are."""
+        self._running_world()
+        if rank not in self.world.ranks:
+            raise UsageError(f"%mpi debug takes a rank of this world (0-{self.world.size - 1}), not {rank}")
+        from ..rank.debug import post_mortem
+
+        result = self._on_ranks(post_mortem, ranks=[rank])
+        result.raise_for_errors()
+
+    def show_metrics(self, *, run=None):
+        """Charts and table (text in a terminal) of *run*, or of every run reported in this world."""
+        runs = self.history.runs()
+        if run is not None:
+            if run not in runs:
+                raise UsageError(f"no run {run!r} in this world's metrics; runs: {', '.join(runs) or 'none yet'}")
+            runs = [run]
+        if not runs:
+            print("no metrics reported in this world yet: call mpinb.report(loss=...) in a %%mpi cell")
+            return
+        view = "widgets" if in_notebook(self.shell) else "text"
+        LiveMetrics(self.history, view=view, max_points=self.max_points, runs=runs).finish()

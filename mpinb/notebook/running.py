@@ -1,0 +1,137 @@
+"""A ``%%mpi`` cell from the magics to the ranks and back: the options it travels with, its live views, its
+gathered values assigned in the notebook, and what to do when ranks stayed stuck (a part of
+:class:`~mpinb.notebook.magics.MPIMagics`)."""
+
+
+import sys
+
+from ..errors import Interrupted
+from ..widgets import views
+from . import execute
+from .frontend import colored, in_notebook
+from .live import CellStatus, LiveMetrics, LiveTrace
+from .output import RankPrinter
+
+
+class Running:
+    """``%%mpi``'s run; the magics class supplies ``world``, ``history``, ``shell`` and its settings."""
+
+    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0, trace=False):
+        """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed.
+
+        Each name in *gather* becomes a ``PerRank`` in the user namespace (the ranks that had it), shown in the
+        tensor inspector when *inspect*; names missing or untransferable on some ranks raise ``GatherError``
+        after the others are assigned. With *trace*, every rank's MPI calls are recorded and shown as a
+        timeline when the cell ends, failed or not (``self.last_trace``).
+        """
+        printer = RankPrinter(color=colored(self.shell))
+        view = self._view()
+        self.live = metrics = LiveMetrics(self.history, view=view, refresh_interval=self.refresh_interval,
+                              max_points=self.max_points)
+        # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
+        number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
+        options = {"report_interval": self.report_interval, "collective_wait": self.collective_wait or None}
+        # IPython's syntax turned into Python once here, not by every rank
+        options["source"] = _transformed(self.shell, cell)
+        tracer = None
+        if trace:
+            options.update(trace=True, trace_buffer=self.trace_buffer)
+            tracer = LiveTrace(view=view)
+        if gather:
+            options.update(gather=list(gather), stats=inspect, transport=self._transport(ranks), root=self._root())
+        try:
+            self.last = result = execute.run_cell(
+                self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
+                options=options, timeout=timeout or None, interrupt_grace=self.interrupt_grace,
+                status=CellStatus(self.history, widgets=view == "widgets", after=self.status_after),
+                abort_grace=self.abort_grace if self.abort_grace >= 0 else None,
+                collective_wait=self.collective_wait or None, trace=tracer,
+                progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
+            )
+        except KeyboardInterrupt as exc:
+            stopped = getattr(exc, "mpinb_result", None)
+            if stopped is None:
+                raise
+            self.last = stopped
+            if tracer is not None:
+                self.last_trace = tracer.finish(stopped.ranks)
+            notes = self._recover(stopped)
+            raise Interrupted(stopped.errors, stopped.ranks, notes=stopped.notes(notes), first=stopped.first_death) \
+                from None
+        if not stream:
+            print(result.rank_ordered())
+        if tracer is not None:
+            self.last_trace = tracer.finish(result.ranks)
+        self.shell.user_ns.update(result.gathered)
+        for note in result.gather_notes:
+            print(f"[mpinb] {note}", file=sys.stderr)
+        if gather and inspect and result.gathered:
+            self._show_inspector(result)
+        try:
+            result.raise_for_errors(notes=self._recover(result))
+            result.raise_for_gather_errors()
+        finally:
+            # the values are the user's now: held here too (self.last), they would keep the ranks' shared
+            # memory they are views of after the user dropped them
+            result.gathered = {name: None for name in result.gathered}
+        return result
+
+    def _recover(self, result):
+        """Restart the world when ranks stayed stuck after an interrupt; return what to tell the user (the cell's
+        error says it, once: it is not printed as well)."""
+        if not result.stuck:
+            if not result.recovered:
+                return []
+            return [f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
+                    "rank's variables are kept (the values that call left are not meaningful)"]
+        from ..wire.ranks import label_ranks
+
+        size = self.world.size
+        why = f" ({result.unrecoverable})" if result.unrecoverable else ""
+        note = (f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}, so the world "
+                f"was restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
+                "and mpinb.metrics() are kept")
+        self.world.restart(kill=True)
+        return [note]
+
+    def _transport(self, ranks):
+        transport = self.gather_transport
+        if transport == "auto":
+            transport = "shm" if self.world.on_this_host(ranks) else "mpi"
+        if transport == "mpi" and ranks is not None and len(ranks) != self.world.size:
+            transport = "frames"  # a collective needs every rank; a subset sends rank by rank
+        return transport
+
+    def _root(self):
+        """The rank an MPI gather collects on: the first one on the notebook's host (its message is local)."""
+        return next((rank for rank in self.world.ranks if self.world.on_this_host([rank])), 0)
+
+    def _show_inspector(self, result):
+        from ..widgets.inspector import (
+            inspect_gathered,
+            inspector_text,
+            inspector_widget,
+        )
+
+        reports = inspect_gathered(result.gathered, result.gather_stats)
+        if in_notebook(self.shell):
+            from ..widgets.static import inspector_bundle
+
+            views.show_at_end(lambda: inspector_widget(reports), lambda: inspector_bundle(reports),
+                              name="tensor inspector")
+        else:
+            print(inspector_text(reports))
+
+
+def _transformed(shell, cell):
+    """*cell* as IPython turns it into Python (``%time x`` becomes a ``run_line_magic`` call; *cell* itself, which
+    pickles as a reference to it, when unchanged), or ``None`` when it cannot be transformed here (then each rank
+    transforms it, and reports what fails)."""
+    transform = getattr(shell, "transform_cell", None)
+    if transform is None:
+        return None
+    try:
+        source = transform(cell)
+    except Exception:  # noqa: BLE001 - the ranks transform it again and report the error as theirs
+        return None
+    return cell if source == cell else source
