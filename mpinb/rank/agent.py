@@ -3,76 +3,23 @@
 Started once per rank when the world starts. Cells are received by the engine's main thread (its IOLoop), so
 user code runs where ipyparallel would run it, with the same namespace. Everything going back — output chunks,
 coalesced every ``flush_interval`` seconds, ``mpinb.report()`` records, drained every ``report_interval``
-seconds, then the cell's reply — leaves through one outbox thread and one socket, so a reply never overtakes
-its cell's output or metrics.
+seconds, then the cell's reply — leaves through one outbox thread and one socket (``rank/outbox.py``), so a
+reply never overtakes its cell's output or metrics.
 """
 
-import enum
-import io
-import os
-import queue
 import signal
 import sys
-import threading
-import time
-from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
 from ..wire import messages, shm
-from ..wire.kinds import Cell, Hello, Input, Metrics, Out, Reply, TraceSpans
+from ..wire.kinds import Cell, Hello, Reply
 from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
+from .abort_watch import AbortWatch
+from .outbox import Ask, ChannelStream, Outbox, TraceEnd, TraceStart
 
 _agent = None
-
-
-class Wake(enum.Enum):
-    """What the outbox thread is woken for when it is not handed an item to send."""
-
-    TICK = "a deadline passed: output or metrics may be due"
-    METRICS = "mpinb.report() has records waiting"
-    CLOSE = "send what is left and close"
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """Text a cell wrote to ``stdout`` or ``stderr``; coalesced with the text after it before it is sent."""
-
-    cell_id: str
-    stream: str
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Packed:
-    """A cell's reply, signed and packed, to send after everything queued before it."""
-
-    frames: list
-
-
-@dataclass(frozen=True, slots=True)
-class TraceStart:
-    """A traced cell began: send its spans every ``report_interval`` seconds while it runs."""
-
-    cell_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class TraceEnd:
-    """A traced cell ended: its last spans, after its output."""
-
-    cell_id: str
-    spans: list
-    dropped: int
-
-
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """A debugger's prompt, sent after the output written before it."""
-
-    cell_id: str
-    prompt: str
 
 
 def start(*, cells, events, salt, key=None, encrypt=False, rank=None, flush_interval=0.05):
@@ -235,190 +182,3 @@ class Agent:
         self.outbox.close()
         if self.segments is not None:
             self.segments.close()
-
-
-class AbortWatch(threading.Thread):
-    """Ends this process as MPI_Abort should have, when MPI wrote its abort notice but the process lives on.
-
-    MPICH has been seen, now and then on a busy machine, to let ``MPI_Abort`` return to its caller, which then
-    went on (or hung in the next collective) as if nothing had happened (in JupyterLab, in 2 runs of 2 of one
-    notebook here). The notice is in the rank's own stderr file at once (``rank/stacks.py``): a cell that wrote one
-    ends its rank instead of replying, and a second after one, a rank still running exits with the code.
-    """
-
-    def __init__(self, outbox, every=0.1, grace=1.0):
-        super().__init__(name="mpinb-abort-watch", daemon=True)
-        self.outbox, self.every, self.grace = outbox, every, grace
-        self.seen = stacks.native_stderr_size()
-        self.start()
-
-    def run(self):
-        while True:
-            time.sleep(self.every)
-            size = stacks.native_stderr_size()
-            if size != self.seen:
-                notices = stacks.aborts(stacks.native_stderr_since(self.seen))
-                self.seen = size
-                if notices:
-                    time.sleep(self.grace)  # MPI's own abort normally ends the process first
-                    self._exit(notices)
-
-    def end_if_aborted(self, since):
-        """Exit now if MPI wrote an abort notice after *since* bytes (the cell that called it has returned)."""
-        if stacks.native_stderr_size() <= since:  # nothing written: no file to open and read
-            return
-        notices = stacks.aborts(stacks.native_stderr_since(since))
-        if notices:
-            self._exit(notices)
-
-    def _exit(self, notices):
-        self.outbox.close()  # what the cell printed still reaches the notebook
-        os._exit(notices[0][2] or 1)
-
-
-class ChannelStream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` while a cell runs: text goes to the outbox, tagged with the cell."""
-
-    def __init__(self, outbox, cell_id, name, original):
-        self.outbox, self.cell_id, self.name, self.original = outbox, cell_id, name, original
-
-    @property
-    def encoding(self):
-        return "utf-8"
-
-    def writable(self):
-        return True
-
-    def write(self, text):
-        if text:
-            self.outbox.put(Output(self.cell_id, self.name, str(text)))
-            if self.name == "stderr":
-                stacks.note_stderr(str(text))
-        return len(text)
-
-    def fileno(self):
-        return self.original.fileno()
-
-
-class Outbox(threading.Thread):
-    """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order.
-
-    A reply is sent by the thread that made it, when everything put before it has been handled (a trivial cell
-    then wakes no second thread); otherwise it queues behind what is still waiting. The socket is used under
-    ``lock`` only, by one thread at a time.
-    """
-
-    def __init__(self, context, address, key, rank, flush_interval, encrypt=False):
-        super().__init__(name="mpinb-outbox", daemon=True)
-        self.rank = rank
-        self.signer = messages.Signer(key, f"rank/{rank}/outbox")
-        self.flush_interval = flush_interval
-        self.report_interval = 0.1  # each cell sends the notebook's setting
-        self.tracing = None  # the id of the traced cell running, if one is
-        self.queue = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.unhandled = 0  # items put and not yet handled by this thread
-        self.pending, self.due, self.metrics_due = [], None, None  # output waiting; when output, metrics are sent
-        self.closed = False
-        self.metrics = report.AgentSink(notify=lambda: self.put(Wake.METRICS))
-        self.socket = context.socket(zmq.PUSH)
-        self.socket.setsockopt(zmq.LINGER, 1000)
-        if encrypt:
-            messages.encrypt_client(self.socket, key)
-        self.socket.connect(address)
-        self.start()
-
-    def put(self, item):
-        with self.lock:
-            self.unhandled += 1
-        self.queue.put(item)
-
-    def reply(self, frames):
-        """Send a cell's reply after the output and metrics before it: at once, or behind what is queued."""
-        with self.lock:
-            if self.unhandled == 0 and not self.closed:
-                self._send_packed(frames)
-                return
-        self.put(Packed(frames))
-
-    def close(self):
-        self.put(Wake.CLOSE)
-        self.join(timeout=2)
-
-    def run(self):
-        trace_due = None  # while a traced cell runs: when its spans are next sent
-        while True:
-            deadline = min((d for d in (self.due, self.metrics_due, trace_due) if d is not None), default=None)
-            try:
-                item = self.queue.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                item = Wake.TICK
-            with self.lock:
-                if item is not Wake.TICK:
-                    self.unhandled -= 1
-                trace_due = self._handle(item, trace_due)
-                if self.closed:
-                    return
-
-    def _handle(self, item, trace_due):
-        """Handle one queued *item* (under ``lock``); return when the running trace's spans are next due."""
-        now = time.monotonic()
-        match item:
-            case Output():
-                self.pending.append(item)
-                self.due = self.due or now + self.flush_interval
-            case Wake.METRICS:
-                self.metrics_due = self.metrics_due or now + self.report_interval
-            case Packed(frames):
-                self._send_packed(frames)
-            case TraceStart(cell_id):
-                self.tracing, trace_due = cell_id, now + self.report_interval
-            case Ask(cell_id, prompt):  # after the output before it
-                self._send_output()
-                self._send(Input(self.rank, cell_id, prompt))
-            case TraceEnd(cell_id, spans, dropped):
-                self._send_output()
-                trace_due = None
-                self._send_trace(cell_id, spans, dropped)
-                self.tracing = None
-            case Wake.CLOSE:
-                self._send_output()
-                self._send_metrics()
-                self.socket.close()
-                self.closed = True
-                return trace_due
-        if self.due is not None and now >= self.due:
-            self._send_output()
-        if self.metrics_due is not None and now >= self.metrics_due:
-            self._send_metrics()
-        if trace_due is not None and now >= trace_due and self.tracing is not None:
-            self._send_trace(self.tracing, *tracing.state.drain())
-            trace_due = now + self.report_interval
-        return trace_due
-
-    def _send_packed(self, frames):
-        self._send_output()
-        self._send_metrics()
-        self.socket.send_multipart(frames, copy=len(frames) == 1)  # no buffers: small, copied
-
-    def _send_trace(self, cell_id, spans, dropped):
-        """A batch of spans, with this rank's two clocks read together (to place them in wall-clock time)."""
-        if spans or dropped:
-            self._send(TraceSpans(self.rank, cell_id, spans, dropped, (tracing.now_ns(), time.time_ns())))
-
-    def _send_metrics(self):
-        self.metrics_due = None
-        records = self.metrics.drain()
-        if records:
-            self._send(Metrics(self.rank, records))
-
-    def _send_output(self):
-        items, self.pending, self.due = self.pending, [], None
-        merged = {}
-        for item in items:
-            merged.setdefault((item.cell_id, item.stream), []).append(item.text)
-        for (cell_id, name), texts in merged.items():
-            self._send(Out(self.rank, cell_id, name, "".join(texts)))
-
-    def _send(self, message):
-        self.socket.send_multipart(self.signer.pack(message))

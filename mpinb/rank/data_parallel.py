@@ -2,22 +2,18 @@
 averaged in fused buckets with buffer-based MPI (the tensors' memory, no pickling), optionally compressed to fp16
 or overlapped with the backward pass. Every function is collective over *comm* (default ``MPI.COMM_WORLD``) and
 checks first that every rank holds the same parameters with gradients in the same places, so a mismatch (or bad
-input on any rank) is an error on every rank instead of a deadlock.
+input on any rank) is an error on every rank instead of a deadlock (``rank/agreement.py``). Tensors travel as
+flat buffers (``rank/flat_buffers.py``); an optimizer's state as in ``rank/optimizer_state.py``.
 """
 
 import operator
-import pickle
-import zlib
-from collections import OrderedDict
 from collections.abc import Mapping
 
 import torch
 
-_MPI_TYPES = {  # torch dtype -> name of the MPI datatype for its elements
-    torch.float32: "FLOAT", torch.float64: "DOUBLE", torch.float16: "FLOAT16_T", torch.bfloat16: "BFLOAT16_T",
-    torch.int32: "INT32_T", torch.int64: "INT64_T", torch.uint8: "UINT8_T", torch.int8: "INT8_T",
-    torch.bool: "C_BOOL",
-}
+from .agreement import _agree, _digest, _signature
+from .flat_buffers import _buckets, _chunks, _flatten, _mpi_buffer, _unflatten, _wire_buffer
+from .optimizer_state import _optimizer_signature, _share_skeleton, _with_tensors
 
 
 class _DefaultRoot(int):
@@ -117,33 +113,13 @@ def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=Non
     root, problem = _root(root, root_rank, comm)
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     if isinstance(inner, torch.optim.Optimizer):
-        signature = [(f"param_groups[{g}][{i}]", tuple(p.shape), str(p.dtype), True)
-                     for g, group in enumerate(inner.param_groups) for i, p in enumerate(group["params"])]
+        signature = _optimizer_signature(inner)
     else:
         signature = []
-        problem = problem or TypeError(
-            f"optimizer must be a torch.optim.Optimizer (or an mpinb.torch.DistributedOptimizer), not "
-            f"{_a(optimizer)}; pass the optimizer itself, e.g. torch.optim.Adam(model.parameters())"
-            + ("; for a model's weights use broadcast_parameters(model)" if isinstance(optimizer, torch.nn.Module)
-               else ""))
+        problem = problem or _not_an_optimizer(optimizer)
     what = "broadcast_optimizer_state"
     _agree(comm, what, signature, problem=problem, same={"root": root, "optimizer": type(inner).__name__})
-
-    if comm.rank == root:
-        tensors = []
-        skeleton = _without_tensors(inner.state_dict(), tensors)
-        try:
-            message = ("state", pickle.dumps((skeleton, [(tuple(t.shape), t.dtype) for t in tensors])))
-        except Exception as error:  # tell the other ranks, which would otherwise wait in Bcast
-            message = ("error", f"rank {root}'s optimizer state cannot be pickled: {type(error).__name__}: {error}")
-        kind, payload = comm.bcast(message, root=root)
-    else:
-        kind, payload = comm.bcast(None, root=root)
-        if kind == "state":
-            skeleton, specs = pickle.loads(payload)
-            tensors = [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
-    if kind == "error":
-        raise TypeError(f"{what}: {payload}")
+    skeleton, tensors = _share_skeleton(comm, inner, root, what)
     _broadcast(comm, [(str(i), t) for i, t in enumerate(tensors)], root, slot="optimizer")
     if comm.rank != root:
         inner.load_state_dict(_with_tensors(skeleton, tensors))
@@ -383,6 +359,15 @@ def _named_tensors(params):
     return named, None
 
 
+def _not_an_optimizer(optimizer):
+    """Why *optimizer*, not a ``torch.optim.Optimizer``, cannot have its state broadcast (a ``TypeError``)."""
+    return TypeError(
+        f"optimizer must be a torch.optim.Optimizer (or an mpinb.torch.DistributedOptimizer), not "
+        f"{_a(optimizer)}; pass the optimizer itself, e.g. torch.optim.Adam(model.parameters())"
+        + ("; for a model's weights use broadcast_parameters(model)" if isinstance(optimizer, torch.nn.Module)
+           else ""))
+
+
 def _a(value):
     """``"an int"``, ``"a str"``: what *value* is, for messages."""
     name = type(value).__name__
@@ -400,32 +385,6 @@ def _broadcast(comm, named, root, *, slot):
                 _unflatten(flat, tensors)
 
 
-class _Slot(int):
-    """Stands for the state_dict tensor of this index in the pickled rest of an optimizer's state."""
-
-
-def _without_tensors(value, tensors):
-    """*value* with each tensor appended to *tensors* and replaced by its :class:`_Slot`."""
-    if isinstance(value, torch.Tensor):
-        tensors.append(value.detach())
-        return _Slot(len(tensors) - 1)
-    if type(value) in (dict, OrderedDict):
-        return type(value)((key, _without_tensors(item, tensors)) for key, item in value.items())
-    if type(value) in (list, tuple):
-        return type(value)(_without_tensors(item, tensors) for item in value)
-    return value  # anything else is pickled as it is
-
-
-def _with_tensors(value, tensors):
-    if isinstance(value, _Slot):
-        return tensors[value]
-    if type(value) in (dict, OrderedDict):
-        return type(value)((key, _with_tensors(item, tensors)) for key, item in value.items())
-    if type(value) in (list, tuple):
-        return type(value)(_with_tensors(item, tensors) for item in value)
-    return value
-
-
 def _named(model):
     if hasattr(model, "named_parameters"):
         return list(model.named_parameters())
@@ -433,174 +392,3 @@ def _named(model):
     if items and isinstance(items[0], tuple):
         return items
     return [(str(i), tensor) for i, tensor in enumerate(items)]
-
-
-def _signature(named, *, grads=True):
-    """What every rank must agree on: name, shape, dtype and (with *grads*) whether it holds a gradient."""
-    return [(name, tuple(p.shape), str(p.dtype), p.grad is not None if grads else True) for name, p in named]
-
-
-def _digest(signature):
-    return zlib.crc32(repr(signature).encode())
-
-
-def _agree(comm, what, signature, *, problem=None, same=None):
-    """Raise on every rank, naming parameters and ranks, unless every rank has this *signature*, no rank found a
-    *problem* (an exception to raise) with its input, and every rank has the same values in *same*
-    (``{"root": 0}``). One small allgather when all is well."""
-    from ..wire.ranks import label_ranks
-
-    everyone = comm.allgather((_digest(signature), None if problem is None else (type(problem), str(problem)),
-                               same or {}))
-    problems = {}
-    for rank, (_, found, _) in enumerate(everyone):
-        if found is not None:
-            problems.setdefault(found, []).append(rank)
-    if problems:
-        kind = next(iter(problems))[0]
-        if len(problems) == 1 and len(next(iter(problems.values()))) == comm.size:
-            raise kind(f"{what}: {next(iter(problems))[1]}")
-        raise kind(f"{what}: " + "; ".join(f"on {label_ranks(ranks)}: {message}"
-                                          for (_, message), ranks in problems.items()))
-    for key in everyone[0][2]:
-        values = {}
-        for rank, (_, _, held) in enumerate(everyone):
-            values.setdefault(repr(held[key]), []).append(rank)
-        if len(values) > 1:
-            raise ValueError(f"{what}: ranks disagree on the {key}: "
-                             + "; ".join(f"{value} on {label_ranks(ranks)}" for value, ranks in values.items()))
-    if len({digest for digest, _, _ in everyone}) == 1:
-        return
-    everyone = comm.allgather(signature)
-    by_name = [{name: rest for name, *rest in rank_signature} for rank_signature in everyone]
-    names = list(dict.fromkeys(name for rank_signature in everyone for name, *_ in rank_signature))
-    problems = []
-    for name in names:
-        variants = {}
-        for rank, held in enumerate(by_name):
-            variants.setdefault(tuple(held[name]) if name in held else None, []).append(rank)
-        if len(variants) == 1:
-            continue
-        grads_differ = len({v[2] for v in variants if v is not None}) > 1
-        described = []
-        for variant, ranks in variants.items():
-            if variant is None:
-                described.append(f"missing on {label_ranks(ranks)}")
-            else:
-                shape, dtype, has_grad = variant
-                grad = (", gradient" if has_grad else ", no gradient") if grads_differ else ""
-                described.append(f"{tuple(shape)} {dtype.removeprefix('torch.')}{grad} on {label_ranks(ranks)}")
-        hint = " (not used in that rank's forward pass?)" if grads_differ else ""
-        problems.append(f"parameter {name!r}: " + "; ".join(described) + hint)
-    raise ValueError(f"{what}: ranks disagree on {len(problems)} parameter(s): " + " | ".join(problems))
-
-
-IN_PLACE_BYTES = 1 << 20  # a gradient this big is reduced in its own memory: fusing it would only add copies
-CHUNK_BYTES = 2 << 20  # Allreduce piece size (measured fastest for 2-4 MB on MPICH over shared memory)
-
-
-def _wire_buffer(grads, compression, *, slot, divide_by=1, in_place=True):
-    """The flat buffer a bucket's *grads* are reduced in: the gradient itself when it is big enough and already
-    in the wire dtype, else a fused copy converted to it. Compressed values are divided before the sum (an fp16
-    sum of undivided gradients can overflow); uncompressed ones after it, piece by piece."""
-    wire = _wire_dtype(grads[0].dtype, compression)
-    if in_place and _reducible_in_place(grads, wire):
-        return grads[0].view(-1)
-    flat = _flatten(grads, dtype=wire, slot=slot)
-    if compression and divide_by != 1:
-        flat.div_(divide_by)
-    return flat
-
-
-def _reducible_in_place(tensors, wire_dtype):
-    (tensor, *more) = tensors
-    return (not more and tensor.is_contiguous() and tensor.device.type == "cpu" and tensor.dtype == wire_dtype
-            and tensor.numel() * tensor.element_size() >= IN_PLACE_BYTES)
-
-
-def _chunks(flat):
-    """``(piece, [memory, count, datatype])`` for pieces of a flat tensor of at most :data:`CHUNK_BYTES`."""
-    step = max(1, CHUNK_BYTES // flat.element_size())
-    pieces = [flat[start:start + step] for start in range(0, flat.numel(), step)]
-    return [(piece, _mpi_buffer(piece)) for piece in pieces]
-
-
-def _buckets(named, *, bucket_bytes):
-    """Groups of one dtype and at most about *bucket_bytes*, in reverse order (backward produces the last
-    layers' gradients first); a tensor of :data:`IN_PLACE_BYTES` or more is a bucket of its own."""
-    buckets, current, size = [], [], 0
-    for name, tensor in reversed(named):
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes >= IN_PLACE_BYTES:
-            if current:
-                buckets.append(current)
-                current, size = [], 0
-            buckets.append([(name, tensor)])
-            continue
-        if current and (tensor.dtype != current[0][1].dtype or size + nbytes > bucket_bytes):
-            buckets.append(current)
-            current, size = [], 0
-        current.append((name, tensor))
-        size += nbytes
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-def _wire_dtype(dtype, compression):
-    if compression in (None, "none"):
-        return dtype
-    if compression == "fp16":
-        return torch.float16 if dtype.is_floating_point else dtype
-    raise ValueError(f"compression must be None or 'fp16', not {compression!r}")
-
-
-_flats = {}  # (elements, dtype, slot) -> a reusable flat buffer
-_FLAT_SLOTS = 64
-
-
-def _flatten(tensors, dtype=None, *, slot=0):
-    """One contiguous CPU buffer holding *tensors* one after another (converted to *dtype*).
-
-    Buffers are kept and reused by size, dtype and *slot* (a bucket's index): fresh memory costs a page
-    fault per 4 KB, which made a 45 MB reduction 2.5× slower than the copies and the reduction themselves.
-    """
-    dtype = dtype or tensors[0].dtype
-    total = sum(t.numel() for t in tensors)
-    key = (total, dtype, slot)
-    flat = _flats.get(key)
-    if flat is None:
-        if len(_flats) >= _FLAT_SLOTS:
-            _flats.clear()
-        flat = _flats[key] = torch.empty(total, dtype=dtype)
-    offset = 0
-    for tensor in tensors:
-        n = tensor.numel()
-        flat[offset:offset + n].copy_(tensor.reshape(-1))
-        offset += n
-    return flat
-
-
-def _unflatten(flat, tensors, sizes=None):
-    """Copy *flat* back into *tensors* (``None`` entries are skipped; *sizes* then says how much each took)."""
-    offset = 0
-    for i, tensor in enumerate(tensors):
-        n = sizes[i] if sizes is not None else tensor.numel()
-        if tensor is not None:
-            tensor.copy_(flat[offset:offset + n].view(tensor.shape))
-        offset += n
-
-
-def _mpi_buffer(flat, *, moving_only=False):
-    """``[memory, count, datatype]`` of a flat CPU tensor for buffer-based MPI calls. *moving_only* (``Bcast``,
-    no arithmetic): a dtype MPI has no type for goes as its bytes."""
-    from mpi4py import MPI
-
-    if moving_only and flat.dtype not in _MPI_TYPES:
-        return [flat.view(torch.uint8).numpy(), flat.numel() * flat.element_size(), MPI.BYTE]
-    datatype = getattr(MPI, _MPI_TYPES[flat.dtype])
-    if datatype == MPI.DATATYPE_NULL and flat.dtype in (torch.float16, torch.bfloat16):
-        datatype = MPI.UINT16_T  # a 2-byte carrier: MPI only moves the bytes, and mpinb's own op sums them
-    if datatype == MPI.DATATYPE_NULL:
-        raise ValueError(f"this MPI has no datatype for {flat.dtype}; use compression=None")
-    return [flat.view(torch.uint8).numpy(), flat.numel(), datatype]

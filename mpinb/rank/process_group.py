@@ -63,15 +63,43 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
         comm = MPI.COMM_WORLD
     if dist.is_initialized():
         return dict(_current)
+    local_rank, local_size = _local_rank_and_size(comm)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    chosen, use_cuda, note = _agreed_backend(comm, backend, gpus=gpus, local_size=local_size)
+    device = None
+    if use_cuda:
+        device = torch.device("cuda", local_rank % gpus)
+        torch.cuda.set_device(device)
+    host, port = _rendezvous_address(comm)
+    dist.init_process_group(chosen, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size,
+                            timeout=datetime.timedelta(seconds=timeout),
+                            **({"device_id": device} if chosen == "nccl" else {}))
+    _current.update(backend=chosen, rank=comm.rank, size=comm.size, local_rank=local_rank,
+                    device=str(device) if device is not None else "cpu", note=note)
+    atexit.register(_destroy_at_exit)
+    return dict(_current)
+
+
+def _local_rank_and_size(comm):
+    """This rank's place among the ranks of *comm* on its host, and how many there are (an MPI shared-memory
+    split)."""
     from mpi4py import MPI
 
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank, local_size = local.rank, local.size
     local.Free()
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return local_rank, local_size
+
+
+def _agreed_backend(comm, requested, *, gpus, local_size):
+    """:func:`choose_backend` for the fewest GPUs any rank of *comm* sees: ``(backend, use_cuda, note)``; when it
+    refuses, every rank raises the same ``ValueError``, none waits for the others."""
+    import torch.distributed as dist
+    from mpi4py import MPI
+
     gpus_per_rank = comm.allreduce(gpus, op=MPI.MIN)
     try:
-        chosen, use_cuda, note = choose_backend(backend, gpus_per_rank=gpus_per_rank, local_size=local_size,
+        chosen, use_cuda, note = choose_backend(requested, gpus_per_rank=gpus_per_rank, local_size=local_size,
                                                 nccl_available=dist.is_nccl_available())
         failure = None
     except ValueError as exc:
@@ -79,10 +107,12 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
     failures = comm.allgather(failure)  # every rank raises the same error, none waits for the others
     if any(failures):
         raise ValueError(next(f for f in failures if f))
-    device = None
-    if use_cuda:
-        device = torch.device("cuda", local_rank % gpus)
-        torch.cuda.set_device(device)
+    return chosen, use_cuda, note
+
+
+def _rendezvous_address(comm):
+    """``(host, port)`` where the ranks of *comm* meet to start ``torch.distributed``: rank 0 picks a free port, on
+    loopback when every rank shares its host, and broadcasts it."""
     hosts = comm.allgather(socket.gethostname())
     one_host = len(set(hosts)) == 1
     if one_host:
@@ -93,13 +123,7 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
         host = LOOPBACK if one_host else socket.gethostbyname(socket.gethostname())
         address = (host, _free_port(host if one_host else ""))
     host, port = comm.bcast(address, root=0)
-    dist.init_process_group(chosen, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size,
-                            timeout=datetime.timedelta(seconds=timeout),
-                            **({"device_id": device} if chosen == "nccl" else {}))
-    _current.update(backend=chosen, rank=comm.rank, size=comm.size, local_rank=local_rank,
-                    device=str(device) if device is not None else "cpu", note=note)
-    atexit.register(_destroy_at_exit)
-    return dict(_current)
+    return host, port
 
 
 def _destroy_at_exit():

@@ -20,9 +20,10 @@ import threading
 from pathlib import Path
 
 SIGNAL = signal.SIGUSR2
-# mpinb's wrappers around MPI calls (rank/intercept.py, rank/trace_torch.py): not where the user's code is, so
-# left out of the stacks and tracebacks users see
-WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py")
+# mpinb's wrappers around MPI calls (rank/intercept.py and the modules it is made of, rank/trace_torch.py): not
+# where the user's code is, so left out of the stacks and tracebacks users see
+WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/traced_calls.py", "mpinb/rank/traced_comms.py",
+            "mpinb/rank/call_arguments.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py")
 
 _file = None
 _stderr = None

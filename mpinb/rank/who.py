@@ -7,22 +7,36 @@ cut off after *pickle_limit* bytes, and a tensor on a GPU is copied to the host 
 call has copied less than *device_limit* (16 MB): a large one is left unhashed, never moved. The hash is
 SHA-1 used as a fingerprint, not for security: through OpenSSL it runs at about 2 GB/s where blake2b runs at
 0.35 GB/s (measured here), so a 100 MB array costs about 35 ms.
+
+The hashing is in ``rank/who_hash.py`` (and ``rank/who_pickle.py`` for any other value), the words in
+``rank/who_text.py``.
 """
 
-import hashlib
-import pickle
-import reprlib
 import sys
 import types
 
 import numpy as np
 
-MB = 1 << 20
-LIMIT = 64 * MB  # bytes of one array, tensor or model hashed at most
-TOTAL = 512 * MB  # bytes hashed in one call at most
-PICKLE_LIMIT = 4 * MB  # bytes of a pickled container hashed at most
-DEVICE_LIMIT = 16 * MB  # a GPU tensor (or model) larger than this is not copied to the host to be hashed
-SUMMARY = 40  # characters of a summary at most
+from .who_hash import (
+    DEVICE_LIMIT,
+    LIMIT,
+    PICKLE_LIMIT,
+    TOTAL,
+    _Budget,
+    _describe_comm,
+    _feed_array,
+    _feed_tensor,
+    _first,
+    _first_tensor,
+    _hasher,
+    _is_comm,
+    _module_digest,
+    _nbytes,
+    _short,
+)
+from .who_pickle import _hash_object
+from .who_text import _clip, _dtype, _shape, _signature, _size, _summary, _values
+
 HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "MPI"})  # IPython's own names, and mpinb's MPI
 _TYPE_ONLY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
 
@@ -109,45 +123,6 @@ def describe(value, budget=None):
     return entry
 
 
-class _Budget:
-    """What one call of :func:`who` may still hash and copy from GPUs; *partial*: the current hash was cut off."""
-
-    def __init__(self, limit=LIMIT, total=TOTAL, pickle_limit=PICKLE_LIMIT, device_limit=DEVICE_LIMIT):
-        self.limit, self.left, self.pickle_limit, self.device_left = limit, total, pickle_limit, device_limit
-        self.start()
-
-    def start(self):
-        """A new name: it may hash its own limit, or what is left of the call's total."""
-        self.allowed = self.room = min(self.limit, self.left)
-        self.partial = False
-
-    def take(self, nbytes):
-        """How many of *nbytes* may be hashed now (the rest is cut off, and that is noted)."""
-        taken = max(0, min(nbytes, self.room))
-        self.room -= taken
-        self.left -= taken
-        if taken < nbytes:
-            self.partial = True
-        return taken
-
-    def cut_note(self):
-        if not self.partial:
-            return None
-        return f"first {_size(self.allowed)}" if self.allowed else "not hashed: who's total spent"
-
-
-def _hasher(*header):
-    """A hash that starts with *header* (type, shape, dtype): equal bytes of other shapes hash apart."""
-    return hashlib.sha1(repr(header).encode(), usedforsecurity=False)
-
-
-def _short(digest):
-    return digest.hexdigest()[:8]
-
-
-# ---------------------------------------------------------------- numpy
-
-
 def _describe_array(array, entry, budget):
     entry["shape"], entry["dtype"] = tuple(array.shape), str(array.dtype)
     entry["summary"] = _clip(_values(_first(array, 6), array.size > 6, array.ndim))
@@ -159,47 +134,6 @@ def _describe_array(array, entry, budget):
     entry["hash"], entry["note"] = _short(digest), budget.cut_note()
     if entry["note"] == "not hashed: who's total spent":
         entry["hash"] = None
-
-
-def _feed_array(digest, array, budget):
-    """Hash *array*'s bytes in C order, as many as *budget* allows (a prefix copied when not contiguous)."""
-    room = budget.take(array.nbytes)
-    if room > 0:
-        digest.update(_head(array, room).reshape(-1).view(np.uint8)[:room])
-
-
-def _head(array, nbytes):
-    """A C-contiguous array holding at least the first *nbytes* of *array* in C order (and not much more)."""
-    if array.flags.c_contiguous:
-        return array.reshape(-1)[: -(-nbytes // array.itemsize)]
-    if array.nbytes <= nbytes or array.ndim == 0:
-        return np.ascontiguousarray(array)
-    row = array.nbytes // array.shape[0]
-    if row <= nbytes:
-        return np.ascontiguousarray(array[: -(-nbytes // row)])
-    return _head(array[0], nbytes)
-
-
-def _first(array, count):
-    """The first *count* elements of *array* in C order, flat, without touching the rest."""
-    if array.size == 0:
-        return array.reshape(-1)
-    while array.ndim > 1 and array[0].size >= count:
-        array = array[0]
-    if array.ndim > 1:
-        array = array[: -(-count // array[0].size)]
-    return array.reshape(-1)[:count]
-
-
-def _values(flat, more, ndim=1):
-    if ndim == 0:
-        return str(flat[0])
-    with np.printoptions(precision=4, threshold=100, linewidth=10_000):
-        text = np.array2string(np.asarray(flat), separator=" ")
-    return text[:-1] + " …]" if more else text
-
-
-# ---------------------------------------------------------------- torch
 
 
 def _describe_tensor(tensor, entry, budget):
@@ -218,63 +152,6 @@ def _describe_tensor(tensor, entry, budget):
     entry["summary"] = _clip(where + _values(_first_tensor(tensor, 6), tensor.numel() > 6, tensor.dim()))
 
 
-def _feed_tensor(digest, tensor, budget):
-    """Hash *tensor*'s bytes as *budget* allows; return why it cannot be hashed, or ``None``."""
-    torch = sys.modules["torch"]
-    tensor = tensor.detach()
-    if tensor.layout != torch.strided or tensor.is_quantized:
-        kind = "quantized" if tensor.is_quantized else str(tensor.layout).replace("torch.", "")
-        return f"not hashed: {kind} tensor"
-    if tensor.device.type == "meta":
-        return "not hashed: no data (meta tensor)"
-    nbytes = _nbytes(tensor)
-    on_device = tensor.device.type != "cpu"
-    if on_device and budget.room > 0 and nbytes > budget.device_left:
-        return f"not hashed: {_size(nbytes)} on {tensor.device}, not copied to the host"
-    room = budget.take(nbytes)
-    if room <= 0:
-        return None
-    head = _head_tensor(tensor, room)
-    if on_device:
-        budget.device_left -= _nbytes(head)
-        head = head.cpu()
-    raw = head.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
-    digest.update(raw.numpy()[:room])
-    return None
-
-
-def _nbytes(tensor):
-    return tensor.numel() * tensor.element_size()
-
-
-def _head_tensor(tensor, nbytes):
-    if tensor.is_contiguous():
-        return tensor.reshape(-1)[: -(-nbytes // tensor.element_size())]
-    if _nbytes(tensor) <= nbytes or tensor.dim() == 0:
-        return tensor.contiguous()
-    row = _nbytes(tensor) // tensor.shape[0]
-    if row <= nbytes:
-        return tensor[: -(-nbytes // row)].contiguous()
-    return _head_tensor(tensor[0], nbytes)
-
-
-def _first_tensor(tensor, count):
-    tensor = tensor.detach()
-    if tensor.numel() == 0:
-        return np.zeros(0)
-    while tensor.dim() > 1 and tensor[0].numel() >= count:
-        tensor = tensor[0]
-    if tensor.dim() > 1:
-        tensor = tensor[: -(-count // tensor[0].numel())]
-    flat = tensor.reshape(-1)[:count].cpu().resolve_conj().resolve_neg()
-    if flat.dtype.is_floating_point and flat.element_size() < 4:
-        flat = flat.float()  # bfloat16, float16 and float8 print through float32
-    try:
-        return flat.numpy()
-    except (TypeError, RuntimeError):
-        return np.array(flat.tolist())
-
-
 def _describe_module(module, entry, budget):
     parameters = sum(p.numel() for p in module.parameters())
     entry["parameters"] = parameters
@@ -286,226 +163,3 @@ def _describe_module(module, entry, budget):
     entry["note"] = why or budget.cut_note()
     if entry["note"] == "not hashed: who's total spent":
         entry["hash"] = None
-
-
-def _module_digest(module, budget):
-    """A hash over *module*'s ``state_dict()`` (names, shapes, dtypes, bytes), and why not when it cannot be."""
-    state = module.state_dict()
-    on_device = [t for t in state.values() if hasattr(t, "device") and t.device.type != "cpu"]
-    device_bytes = sum(_nbytes(t) for t in on_device)
-    if device_bytes > budget.device_left:
-        where = ", ".join(sorted({str(t.device) for t in on_device}))
-        return None, f"not hashed: {_size(device_bytes)} of state on {where}, not copied to the host"
-    digest = _hasher(type(module).__name__)
-    for key, tensor in state.items():
-        if hasattr(tensor, "detach"):
-            digest.update(repr((key, tuple(tensor.shape), str(tensor.dtype))).encode())
-            why = _feed_tensor(digest, tensor, budget)
-            if why:
-                return None, f"not hashed: {key} is {why.removeprefix('not hashed: ')}"
-        else:
-            digest.update(repr((key, tensor)).encode())  # extra state: whatever the module keeps
-    return digest, None
-
-
-# ---------------------------------------------------------------- mpi4py
-
-
-def _is_comm(value):
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi is not None and isinstance(value, mpi.Comm)
-
-
-def _describe_comm(comm, entry):
-    """A communicator by its name and size (a handle does not pickle, and its address means nothing elsewhere)."""
-    mpi = sys.modules["mpi4py.MPI"]
-    if comm == mpi.COMM_NULL:
-        entry["summary"], entry["hash"] = "COMM_NULL", _short(_hasher(entry["type"], "COMM_NULL"))
-        return
-    name, size = comm.Get_name(), comm.Get_size()
-    entry["summary"] = _clip(f"{name or 'unnamed'}, size {size}")
-    entry["hash"] = _short(_hasher(entry["type"], name, size))
-
-
-# ---------------------------------------------------------------- anything else
-
-
-def _hash_object(value, entry, budget):
-    """Hash *value* through pickle, cut off after *budget.pickle_limit* bytes."""
-    digest = _hasher(entry["type"], entry["shape"], entry["dtype"])
-    pickler = _Pickler(digest, budget)
-    try:
-        pickler.dump(value)
-    except _Stop:
-        entry["hash"] = _short(digest)
-        entry["note"] = f"first {_size(budget.pickle_limit)} pickled"
-        return
-    except _Unhashable as exc:
-        entry["note"] = str(exc)
-        return
-    except Exception as exc:  # noqa: BLE001 - unpicklable objects raise TypeError, PicklingError, anything else
-        entry["note"] = f"not hashed: cannot be pickled ({type(exc).__name__})"
-        return
-    entry["hash"], entry["note"] = _short(digest), budget.cut_note()
-
-
-class _Stop(Exception):
-    """A pickle reached its limit: the hash covers what was written so far."""
-
-
-class _Unhashable(Exception):
-    """Something inside cannot be hashed (a large tensor on a GPU): the message says what."""
-
-
-class _Sink:
-    """Where a pickle goes: into the hash, until *limit* bytes were written."""
-
-    def __init__(self, digest, limit):
-        self.digest, self.left = digest, limit
-
-    def write(self, data):
-        self.digest.update(data[: max(self.left, 0)])
-        self.left -= len(data)
-        if self.left < 0:
-            raise _Stop
-        return len(data)
-
-
-class _Pickler(pickle.Pickler):
-    """Pickles into a hash; arrays, tensors, models, long strings and sets are hashed their own way instead:
-    contents within the budget, no GPU tensor copied whole, sets in an order that does not depend on the
-    process's string hash seed (which differs from rank to rank)."""
-
-    def __init__(self, digest, budget):
-        super().__init__(_Sink(digest, budget.pickle_limit), protocol=5)
-        self.budget = budget
-
-    def persistent_id(self, obj):
-        cls = type(obj)
-        if cls in _PLAIN or (cls is str or cls is bytes) and len(obj) <= 65536:
-            return None  # the common case first: a Python call per object is most of the cost
-        torch = sys.modules.get("torch")
-        if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
-            digest = _hasher(obj.shape, str(obj.dtype))
-            _feed_array(digest, obj, self.budget)
-            return "ndarray:" + digest.hexdigest()
-        if torch is not None and isinstance(obj, torch.Tensor):
-            digest = _hasher(tuple(obj.shape), str(obj.dtype))
-            why = _feed_tensor(digest, obj, self.budget)
-            if why:
-                raise _Unhashable(why)
-            return "tensor:" + digest.hexdigest()
-        if torch is not None and isinstance(obj, torch.nn.Module):
-            digest, why = _module_digest(obj, self.budget)
-            if why:
-                raise _Unhashable(why)
-            return "module:" + digest.hexdigest()
-        if isinstance(obj, (bytes, bytearray)):
-            digest = _hasher(type(obj).__name__, len(obj))
-            digest.update(memoryview(obj)[: self.budget.take(len(obj))])
-            return f"{type(obj).__name__}:{digest.hexdigest()}"
-        if isinstance(obj, str):  # a long one, encoded a MB at a time until the budget is spent
-            digest = _hasher("str", len(obj))
-            for start in range(0, len(obj), MB):
-                chunk = obj[start:start + MB].encode("utf-8", "surrogatepass")
-                taken = self.budget.take(len(chunk))
-                digest.update(chunk[:taken])
-                if taken < len(chunk):
-                    break
-            return f"str:{digest.hexdigest()}"
-        if isinstance(obj, (set, frozenset)):
-            return type(obj).__name__, self._members(obj)
-        if _is_comm(obj):
-            entry = {"type": type(obj).__name__}
-            _describe_comm(obj, entry)
-            return "comm:" + entry["hash"]
-        return None
-
-    def _members(self, members):
-        """A set's members in an order every process agrees on: sorted when all are str, bytes, int or float,
-        else sorted by their own hashes; at most :data:`SET_MEMBERS` members."""
-        if len(members) > SET_MEMBERS:
-            raise _Unhashable(f"not hashed: a set of {len(members):,} members (sorting them costs too much)")
-        kinds = {type(member) for member in members}
-        if len(kinds) <= 1 and kinds <= {str, bytes, int, float}:
-            return tuple(sorted(members))  # pickled as it is (no persistent ids): plain members only
-        digests = []
-        for member in members:
-            digest = _hasher()
-            _Pickler(digest, self.budget).dump(member)
-            digests.append(digest.hexdigest())
-        return tuple(sorted(digests))
-
-
-_PLAIN = frozenset({int, float, complex, bool, type(None), tuple, list, dict})
-SET_MEMBERS = 100_000  # members of a set hashed at most (they are sorted first)
-
-
-def _shape(value):
-    try:
-        shape = getattr(value, "shape", None)
-    except Exception:  # noqa: BLE001 - a property of a user object may raise
-        return None
-    if isinstance(shape, tuple) and all(isinstance(n, (int, np.integer)) for n in shape):
-        return tuple(int(n) for n in shape)
-    return None
-
-
-def _dtype(value):
-    if isinstance(value, (np.generic,)):
-        return str(value.dtype)
-    try:
-        dtype = getattr(value, "dtype", None)
-    except Exception:  # noqa: BLE001
-        return None
-    if dtype is None or not isinstance(dtype, (np.dtype, type)) and type(dtype).__module__.split(".")[0] not in (
-            "torch", "numpy", "jax", "jaxlib", "tensorflow", "pandas", "ml_dtypes"):
-        return None
-    return str(dtype).replace("torch.", "")
-
-
-class _Repr(reprlib.Repr):
-    def repr_instance(self, value, level):
-        try:
-            return repr(value)
-        except Exception as exc:  # noqa: BLE001 - a user type's __repr__ may raise
-            return f"<{type(value).__name__}: repr() raised {type(exc).__name__}>"
-
-
-_repr = _Repr()
-_repr.maxstring = _repr.maxother = SUMMARY
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = _repr.maxfrozenset = 6
-
-
-def _summary(value):
-    if isinstance(value, (bytes, bytearray)) and len(value) > SUMMARY:
-        return _clip(f"{len(value):,} bytes: {value[:SUMMARY]!r}")
-    try:
-        text = _repr.repr(value)
-    except Exception as exc:  # noqa: BLE001 - a user type's __repr__ may raise
-        return f"<{type(value).__name__}: repr() raised {type(exc).__name__}>"
-    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 6:
-        text = f"{len(value):,} items: {text}"
-    return _clip(" ".join(text.split()))
-
-
-def _signature(value):
-    if isinstance(value, type):
-        return _clip(f"class {value.__qualname__}")
-    try:
-        import inspect
-
-        return _clip(f"def {value.__name__}{inspect.signature(value)}")
-    except (TypeError, ValueError, AttributeError):
-        return _clip(f"def {getattr(value, '__name__', type(value).__name__)}(…)")
-
-
-def _clip(text, width=SUMMARY):
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _size(nbytes):
-    for unit, scale in (("GB", 1 << 30), ("MB", MB), ("kB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes} bytes"

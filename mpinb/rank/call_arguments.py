@@ -1,0 +1,146 @@
+"""What a traced MPI call was given: where each call kind keeps its buffers, root or peer and op among its
+arguments, and a buffer's count, dtype and bytes as far as they can be told cheaply."""
+
+# name: (kind, send buffer, receive buffer, root or peer, reduction op) — argument positions, None for absent
+_BUFFER_COLLECTIVES = {
+    "Barrier": (None, None, None, None), "Bcast": (0, 0, 1, None),
+    "Gather": (0, 1, 2, None), "Gatherv": (0, 1, 2, None), "Scatter": (0, 1, 2, None), "Scatterv": (0, 1, 2, None),
+    "Allgather": (0, 1, None, None), "Allgatherv": (0, 1, None, None), "Alltoall": (0, 1, None, None),
+    "Alltoallv": (0, 1, None, None), "Alltoallw": (0, 1, None, None),
+    "Reduce": (0, 1, 3, 2), "Allreduce": (0, 1, None, 2), "Reduce_scatter_block": (0, 1, None, 2),
+    "Reduce_scatter": (0, 1, None, 3), "Scan": (0, 1, None, 2), "Exscan": (0, 1, None, 2),
+}
+_OBJECT_COLLECTIVES = {
+    "barrier": (None, None, None, None), "bcast": (0, None, 1, None), "gather": (0, None, 1, None),
+    "scatter": (0, None, 1, None), "allgather": (0, None, None, None), "alltoall": (0, None, None, None),
+    "reduce": (0, None, 2, 1), "allreduce": (0, None, None, 1), "scan": (0, None, None, 1),
+    "exscan": (0, None, None, 1),
+}
+_ROOTED = {"Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce", "bcast", "gather", "scatter", "reduce"}
+_SAME_SIZE_IN_PLACE = {"Allreduce", "Reduce", "Scan", "Exscan", "Bcast"}
+_VECTOR = {"Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduce_scatter"}  # counts may differ
+# name: (send buffer, receive buffer, peer, second peer (a source))
+_POINT_TO_POINT = {
+    "Send": (0, None, 1, None), "Ssend": (0, None, 1, None), "Bsend": (0, None, 1, None),
+    "Rsend": (0, None, 1, None), "Recv": (None, 0, 1, None), "Sendrecv": (0, 3, 1, 4),
+    "Sendrecv_replace": (0, 0, 1, 3), "Probe": (None, None, 0, None),
+    "send": (0, None, 1, None), "ssend": (0, None, 1, None), "recv": (None, None, 1, None),
+    "sendrecv": (0, None, 1, 4), "probe": (None, None, 0, None),
+}
+_NONBLOCKING_P2P = {
+    "Isend": (0, None, 1), "Issend": (0, None, 1), "Ibsend": (0, None, 1), "Irsend": (0, None, 1),
+    "Irecv": (None, 0, 1), "isend": (0, None, 1), "issend": (0, None, 1), "irecv": (None, None, 1),
+}
+# where a blocking point-to-point call's tag is, and whether it sends, receives or both: for settling a rank
+# stuck in one (``rank/settle.py``)
+_TAGS = {"Send": ("send", 2), "Ssend": ("send", 2), "Bsend": ("send", 2), "Rsend": ("send", 2),
+         "send": ("send", 2), "ssend": ("send", 2), "Recv": ("recv", 2), "recv": ("recv", 2),
+         "Probe": ("recv", 1), "probe": ("recv", 1), "Sendrecv": ("both", 2), "sendrecv": ("both", 2),
+         "Sendrecv_replace": ("both", 2)}
+_KEYWORDS = {  # what the positions above are called, for calls that pass them by keyword
+    "send": ("buf", "sendbuf", "obj", "sendobj"), "recv": ("recvbuf", "buf"), "root": ("root",),
+    "peer": ("dest",), "source": ("source",), "op": ("op",),
+}
+_FORMATS = {"d": "float64", "f": "float32", "e": "float16", "b": "int8", "B": "uint8", "h": "int16",
+            "H": "uint16", "?": "bool", "Zd": "complex128", "Zf": "complex64", "c": "char"}
+
+
+def _argument(args, kwargs, position, names):
+    if position is None:
+        return None
+    if position < len(args):
+        return args[position]
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return None
+
+
+def _collective_arguments(args, kwargs, spec):
+    """A collective's ``(send, receive, root)`` from a call that passes some by keyword (*spec*: positions)."""
+    send_at, recv_at, root_at, _ = spec
+    return (_argument(args, kwargs, send_at, _KEYWORDS["send"]), _argument(args, kwargs, recv_at, _KEYWORDS["recv"]),
+            _argument(args, kwargs, root_at, _KEYWORDS["root"]))
+
+
+def describe(buffer):
+    """``(count, dtype name, bytes)`` of an mpi4py buffer argument, as far as it can be told cheaply."""
+    if buffer is None:
+        return None, None, 0
+    if type(buffer) in (list, tuple) and buffer:  # [data, MPI.DOUBLE], [data, count, MPI.DOUBLE], ...
+        buffer = buffer[0]
+    size = getattr(buffer, "nbytes", None)
+    dtype = getattr(buffer, "dtype", None)
+    if size is not None and dtype is not None:  # numpy and friends
+        return getattr(buffer, "size", None), _dtype_name(dtype), int(size)
+    numel = getattr(buffer, "numel", None)
+    if numel is not None and dtype is not None:  # torch
+        count = numel()
+        return count, _dtype_name(dtype), count * buffer.element_size()
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        return None, None, 0
+    itemsize = view.itemsize or 1
+    name = _FORMATS.get(view.format.lstrip("@=<>!"), None)
+    if name is None:
+        name = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}.get(itemsize, view.format)
+        if view.format.lstrip("@=<>!").isupper():
+            name = "u" + name
+    return view.nbytes // itemsize, name, view.nbytes
+
+
+_DTYPE_NAMES = {}
+
+
+def _dtype_name(dtype):
+    """``float64``, ``float32``, ... (``str()`` of a numpy dtype costs microseconds: they are kept)."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        return name
+    except TypeError:  # not hashable
+        return str(dtype)
+
+
+def _object_bytes(obj):
+    kind = type(obj)
+    if kind is int or kind is float or obj is None:
+        return 0
+    if kind is bytes or kind is bytearray:
+        return len(obj)
+    size = getattr(obj, "nbytes", None)
+    return int(size) if size is not None else 0
+
+
+def _peer(peer):
+    if peer is None or peer < 0:  # ANY_SOURCE, PROC_NULL
+        return None
+    return int(peer)
+
+
+def _peer_text(peer):
+    return "any" if peer is None or peer < 0 else str(peer)
+
+
+def _detail(count, dtype, op, installed):
+    parts = []
+    if op is not None:
+        parts.append(installed["ops"].get(op.py2f(), "user op") if hasattr(op, "py2f") else
+                     getattr(op, "__name__", "function"))
+    if count is not None:
+        parts.append(f"{count} x {dtype}")
+    elif dtype:
+        parts.append(dtype)
+    return ", ".join(parts)
+
+
+def _op_names(MPI):
+    names = {}
+    for name in ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC",
+                 "REPLACE", "NO_OP"):
+        op = getattr(MPI, name, None)
+        if op is not None:
+            names[op.py2f()] = name
+    return names

@@ -1,0 +1,254 @@
+"""The traced methods: each wraps one of mpi4py's, notes the call in ``tracing.state`` (the ledger of
+collectives, the blocking point-to-point call in progress, spans while a cell is traced) and calls it."""
+
+from . import traced_comms, tracing
+from .call_arguments import (
+    _KEYWORDS,
+    _ROOTED,
+    _SAME_SIZE_IN_PLACE,
+    _TAGS,
+    _VECTOR,
+    _argument,
+    _collective_arguments,
+    _detail,
+    _object_bytes,
+    _peer,
+    _peer_text,
+    describe,
+)
+from .traced_comms import _adopt, _info, _members
+
+_state = tracing.state
+_now = tracing.now_ns
+
+
+def _buffer_collective(base, name, spec_name, spec):
+    """mpi4py's buffer collective *name* (*spec_name*, or its nonblocking ``I`` form), each call in the ledger."""
+    send_at, recv_at, root_at, op_at = spec
+    nonblocking, scatter = name != spec_name, spec_name.startswith("Scatter")
+    rooted, vector, broadcast = spec_name in _ROOTED, spec_name in _VECTOR, name in ("Bcast", "Ibcast")
+
+    def method(self, *args, **kwargs):
+        try:
+            info = self._mpinb
+        except AttributeError:
+            info = _info(self)
+        if kwargs:
+            send, receive, root = _collective_arguments(args, kwargs, spec)
+        else:  # the common call, positional only: no function calls to find the arguments
+            n = len(args)
+            send = args[send_at] if send_at is not None and send_at < n else None
+            receive = args[recv_at] if recv_at is not None and recv_at < n else None
+            root = args[root_at] if root_at is not None and root_at < n else None
+        in_place = send is traced_comms.installed["in_place"]
+        count, dtype, sent = describe(None if in_place else send)
+        received = 0
+        if receive is not None and ((count is None or scatter) or (_state.spans is not None and recv_at != send_at)):
+            count_received, dtype_received, received = describe(receive)
+            if count is None or scatter:  # a scatter's send buffer holds every part
+                count, dtype = count_received, dtype_received
+            if recv_at == send_at:
+                received = 0
+        if in_place:
+            sent = received
+            if spec_name not in _SAME_SIZE_IN_PLACE:  # the receive buffer holds every rank's part
+                count = None
+        if rooted and root is None:
+            root = 0
+        signature = (name, root, None if vector else count, dtype)
+        info.count += 1
+        seq = info.count
+        info.recent.append((seq, signature))
+        detail = ""
+        if _state.spans is not None:  # the op is read for the span only
+            detail = _detail(count, dtype, _argument(args, kwargs, op_at, _KEYWORDS["op"]), traced_comms.installed)
+            if broadcast and root != self.Get_rank():
+                sent, received = 0, sent
+        if nonblocking:
+            noted = (name, info, root, sent, received, seq, signature, detail)
+            return _start_collective(base, self, args, kwargs, noted)
+        start = _now()
+        _state.enter(info, seq, signature, start)
+        done = False
+        try:
+            value = base(self, *args, **kwargs)
+            done = True
+            return value
+        finally:
+            end = _now()
+            _state.leave(done)
+            _state.comm_ns += end - start
+            if _state.spans is not None:
+                _span(name, info.name, root, sent, received, start, end, seq, "collective", detail)
+
+    return _named(method, name, base)
+
+
+def _start_collective(base, comm, args, kwargs, noted):
+    """Start a nonblocking collective; its request carries *noted* (name, ledger, root, bytes sent and received,
+    sequence number, signature, detail) for the wait that completes it."""
+    name, info, root, sent, received, seq, _, detail = noted
+    start = _now()
+    request = _traced_request(_installed_request(), base(comm, *args, **kwargs))
+    request._mpinb = noted
+    if _state.spans is not None:
+        _span(name, info.name, root, sent, received, start, _now(), seq, "collective", detail)
+    return request
+
+
+def _object_collective(base, name, spec):
+    send_at, _, root_at, op_at = spec
+    rooted = name in _ROOTED
+
+    def method(self, *args, **kwargs):
+        try:
+            info = self._mpinb
+        except AttributeError:
+            info = _info(self)
+        if kwargs:
+            obj = _argument(args, kwargs, send_at, _KEYWORDS["send"])
+            root = _argument(args, kwargs, root_at, _KEYWORDS["root"])
+        else:
+            n = len(args)
+            obj = args[send_at] if send_at is not None and send_at < n else None
+            root = args[root_at] if root_at is not None and root_at < n else None
+        if rooted and root is None:
+            root = 0
+        signature = (name, root, None, None)
+        info.count += 1
+        seq = info.count
+        info.recent.append((seq, signature))
+        start = _now()
+        _state.enter(info, seq, signature, start)
+        value, done = None, False
+        try:
+            value = base(self, *args, **kwargs)
+            done = True
+            return value
+        finally:
+            end = _now()
+            _state.leave(done)
+            _state.comm_ns += end - start
+            if _state.spans is not None:
+                op = _argument(args, kwargs, op_at, _KEYWORDS["op"]) if op_at is not None else None
+                kind = type(obj).__name__
+                _span(name, info.name, root, _object_bytes(obj), _object_bytes(value), start, end, seq,
+                      "collective", kind if op is None else _detail(None, kind, op, traced_comms.installed))
+
+    return _named(method, name, base)
+
+
+def _point_to_point(base, name, spec):
+    send_at, recv_at, peer_at, source_at = spec
+    objects = name.islower()
+    direction, tag_at = _TAGS[name]
+
+    def method(self, *args, **kwargs):
+        start = _now()
+        if _state.note_p2p:  # read only if the rank gets stuck
+            _state.p2p = (self, name, direction, args, kwargs, spec, tag_at)
+        value = None
+        try:
+            value = base(self, *args, **kwargs)
+            return value
+        finally:
+            end = _now()
+            _state.p2p = None
+            _state.comm_ns += end - start
+            if _state.spans is not None:
+                _p2p_span(self, name, args, kwargs, spec, objects, value, start, end)
+
+    return _named(method, name, base)
+
+
+def _p2p_span(comm, name, args, kwargs, spec, objects, value, start, end):
+    send_at, recv_at, peer_at, source_at = spec
+    send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
+    receive = _argument(args, kwargs, recv_at, _KEYWORDS["recv"])
+    names = _KEYWORDS["source"] if name in ("Recv", "recv", "Probe", "probe") else _KEYWORDS["peer"]
+    peer = _argument(args, kwargs, peer_at, names)
+    if objects:
+        sent, received = _object_bytes(send), _object_bytes(value)
+    else:
+        sent = describe(send)[2]
+        received = describe(receive)[2]
+    detail = ""
+    if source_at is not None:
+        source = _argument(args, kwargs, source_at, _KEYWORDS["source"])
+        detail = f"from {_peer_text(source)}"
+    _span(name, _info(comm).name, _peer(peer), sent, received, start, end, None, "p2p", detail)
+
+
+def _nonblocking(base, name, spec):
+    send_at, recv_at, peer_at = spec
+    objects = name.islower()
+    request_class = _installed_request
+    receiving = "ecv" in name
+
+    def method(self, *args, **kwargs):
+        start = _now()
+        request = _traced_request(request_class(), base(self, *args, **kwargs))
+        end = _now()
+        try:
+            info = self._mpinb
+        except AttributeError:
+            info = _info(self)
+        if kwargs:
+            peer = _argument(args, kwargs, peer_at, _KEYWORDS["source" if receiving else "peer"])
+        else:
+            peer = args[peer_at] if peer_at < len(args) else None
+        if peer is not None and peer < 0:  # ANY_SOURCE, PROC_NULL
+            peer = None
+        sent = received = 0
+        if _state.spans is not None:
+            send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
+            sent = _object_bytes(send) if objects else describe(send)[2]
+            received = 0 if objects else describe(_argument(args, kwargs, recv_at, _KEYWORDS["recv"]))[2]
+            _span(name, info.name, peer, sent, received, start, end, None, "p2p", "")
+        request._mpinb = (name, info, peer, sent, received, None, None, "")
+        return request
+
+    return _named(method, name, base)
+
+
+def _maker(base, name):
+    def method(self, *args, **kwargs):
+        made = base(self, *args, **kwargs)
+        if made is None or not hasattr(made, "py2f"):
+            return made
+        classes = traced_comms.installed["classes"]
+        if type(made) not in classes.values():
+            kind = next((b for b in type(made).__mro__ if b in classes), None)
+            if kind is None:
+                return made
+            made = classes[kind](made)
+        if made == traced_comms.installed["MPI"].COMM_NULL:
+            return made
+        parent = self._mpinb if hasattr(self, "_mpinb") else _info(self)
+        self._mpinb_made = getattr(self, "_mpinb_made", 0) + 1
+        return _adopt(made, f"{parent.name}.{name}#{self._mpinb_made}", _members(made))
+
+    return _named(method, name, base)
+
+
+def _traced_request(kind, request):
+    """*request* as a traced one; the original is kept with it, since it holds the call's buffers alive."""
+    traced = kind(request)
+    traced._mpinb_original = request
+    return traced
+
+
+def _installed_request():
+    return traced_comms.installed["request"]
+
+
+def _span(op, comm, peer, sent, received, start, end, seq, kind, detail):
+    _state.spans.append((op, comm, peer, sent, received, start, end, seq, kind, detail))
+    _state.recorded += 1
+
+
+def _named(method, name, base):
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = getattr(base, "__doc__", None)
+    method.__wrapped__ = base
+    return method
