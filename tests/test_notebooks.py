@@ -125,6 +125,8 @@ EXERCISES = {  # tutorial -> (a line of its check cell, what the check says when
     "01_mpi_basics.ipynb": ("got = my_bcast(", "with root 0, rank 1 holds [1.0, 1.0, 1.0] instead of the root's "
                                                 "[0.0, 0.0, 0.0]"),
     "02_collectives_and_ring_allreduce.ipynb": ("piece = 10.0 * rank", "are wrong on rank 0: rank 1's block is"),
+    "03_data_parallel_training.ipynb": ("own = gradients(model).clone()", "they are this rank's own gradients: nothing "
+                                                                            "was exchanged with the other ranks"),
     "05_communication_cost.ipynb": ("cases = [", "is each bucket's start the later of its last gradient and the "
                                                   "previous allreduce's end?"),
 }
@@ -151,7 +153,10 @@ def test_an_exercise_left_undone_is_told_what_is_wrong(name):
 
 def test_03_data_parallel_training():
     notebook = execute("03_data_parallel_training.ipynb")
-    cells = outputs(notebook)
+    code = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
+    figure = next(c for c in code if c.source.startswith("import matplotlib"))
+    assert any("image/png" in o.get("data", {}) for o in figure.outputs)  # what each rank holds, one step
+    cells = [text_of(c) for c in code if c is not figure]
     differences = re.findall(r"^(.+), rank (\d): largest \|weight - single process\| = (\S+)$", cells[5], re.M)
     assert len(differences) == 4 and all(float(d) < 1e-5 for *_, d in differences)
     accuracies = re.findall(r"test accuracy (0\.\d+)", "\n".join(cells[2:5]))
@@ -160,6 +165,8 @@ def test_03_data_parallel_training():
     assert_static(notebook)
     assert re.findall(r"^(?:DDP|allreduce_gradients)?\s+(\d)\s+[\d.]+\s+[\d.]+\s+256$", cells[6], re.M) == \
         ["0", "1", "0", "1"]
+    assert all(f"[rank {r}] average_gradients gives the whole batch's gradient on this rank" in cells[-2]
+               for r in range(2))
 
 
 def test_04_debugging():
