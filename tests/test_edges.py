@@ -271,3 +271,24 @@ def test_a_syntax_error_shows_the_cell_not_the_compiler(world_of, mpi):
     rendered = "\n".join(info.value._render_traceback_())
     assert "ranks 0-1: SyntaxError" in str(info.value)
     assert "ast.py" not in rendered and "mpinb/" not in rendered
+
+
+def test_a_rank_whose_channel_connection_ended_is_named_not_a_zmq_error(ip, magics, world_of, mpi):
+    """A rank alive but no longer connected to the cell channel: the next cell says which rank and what to do
+    (it raised zmq's "Host unreachable" from inside mpinb before)."""
+    import zmq
+
+    world_of(2)
+    mpi("import mpinb.rank.agent as a\nif rank == 1:\n    a._agent.inbox.close(linger=0)")
+    cells = magics.world.channel.cells
+    for _ in range(200):  # until the notebook's socket has seen the connection end (an unsigned probe is dropped)
+        try:
+            cells.send_multipart([b"1", b"probe"])
+        except zmq.ZMQError as exc:
+            assert exc.errno == zmq.EHOSTUNREACH
+            break
+        time.sleep(0.05)
+    with pytest.raises(MPIError, match=r"rank 1 is no longer connected to the cell channel .*%mpi restart"):
+        mpi("pass")
+    ip.run_line_magic("mpi", "restart")
+    assert mpi("rank") == {0: 0, 1: 1}

@@ -14,6 +14,7 @@ import time
 
 import zmq
 
+from ..errors import MPIError
 from . import messages
 from .kinds import AskStack, Cell, Hello, Reply, RollCall, Settle, Stack, Stdin
 
@@ -76,7 +77,13 @@ class Channel:
         cell_id = self._next_cell
         frames = self.signer.pack(Cell(cell_id, code, number, options or {}))
         for rank in ranks:
-            self.cells.send_multipart([str(rank).encode(), *frames])
+            try:
+                self.cells.send_multipart([str(rank).encode(), *frames])
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                raise MPIError(f"rank {rank} is no longer connected to the cell channel (its process ended, or its "
+                               "connection did): %mpi restart starts a fresh world of the same size") from None
         return cell_id
 
     def roll_call(self, ranks, number):
