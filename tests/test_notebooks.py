@@ -125,10 +125,15 @@ EXERCISES = {  # tutorial -> (a line of its check cell, what the check says when
     "01_mpi_basics.ipynb": ("got = my_bcast(", "with root 0, rank 1 holds [1.0, 1.0, 1.0] instead of the root's "
                                                 "[0.0, 0.0, 0.0]"),
     "02_collectives_and_ring_allreduce.ipynb": ("piece = 10.0 * rank", "are wrong on rank 0: rank 1's block is"),
-    "03_data_parallel_training.ipynb": ("own = gradients(model).clone()", "they are this rank's own gradients: nothing "
-                                                                            "was exchanged with the other ranks"),
     "05_communication_cost.ipynb": ("cases = [", "is each bucket's start the later of its last gradient and the "
                                                   "previous allreduce's end?"),
+    "03_data_parallel_training.ipynb": ("own = gradients(model)", "they are this rank's own gradients: nothing was "
+                                                                     "exchanged with the other ranks"),
+    "04_debugging.ipynb": ("update = sgd_step(w, comm) - w", "the update is 2.0x the single-process one on rank 0: "
+                                                               "were the gradients summed but not averaged?"),
+    "06_model_and_hybrid_parallel.ipynb": ("got = {\"data\": data.allgather(rank)",
+                                           "rank 0's data communicator holds ranks [0, 1, 2, 3]; it should hold the "
+                                           "ranks with the same stage: [0, 2]"),
 }
 
 
@@ -153,41 +158,62 @@ def test_an_exercise_left_undone_is_told_what_is_wrong(name):
 
 def test_03_data_parallel_training():
     notebook = execute("03_data_parallel_training.ipynb")
-    code = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
+    code = [c for c in notebook.cells if c.cell_type == "code"]
     figure = next(c for c in code if c.source.startswith("import matplotlib"))
     assert any("image/png" in o.get("data", {}) for o in figure.outputs)  # what each rank holds, one step
-    cells = [text_of(c) for c in code if c is not figure]
-    differences = re.findall(r"^(.+), rank (\d): largest \|weight - single process\| = (\S+)$", cells[5], re.M)
+    assert "hide-input" in figure.metadata.tags
+
+    def cell(key):
+        return text_of(next(c for c in code if key in c.source and "solution" not in c.metadata.get("tags", [])))
+
+    differences = re.findall(r"^(.+), rank (\d): largest \|weight - single process\| = (\S+)$",
+                             cell("def largest_difference"), re.M)
     assert len(differences) == 4 and all(float(d) < 1e-5 for *_, d in differences)
-    accuracies = re.findall(r"test accuracy (0\.\d+)", "\n".join(cells[2:5]))
+    trained = "\n".join(cell(key) for key in ["mt.allreduce_gradients(model)", "DistributedDataParallel(", "alone ="])
+    accuracies = re.findall(r"test accuracy (0\.\d+)", trained)
     assert len(accuracies) == 5 and len(set(accuracies)) == 1  # 2 methods × 2 ranks, and one process: one model
     assert_curves_for_every_rank(notebook, ranks=2, points=256)
     assert_static(notebook)
-    assert re.findall(r"^(?:DDP|allreduce_gradients)?\s+(\d)\s+[\d.]+\s+[\d.]+\s+256$", cells[6], re.M) == \
-        ["0", "1", "0", "1"]
-    assert all(f"[rank {r}] average_gradients gives the whole batch's gradient on this rank" in cells[-2]
+    assert re.findall(r"^(?:DDP|allreduce_gradients)?\s+(\d)\s+[\d.]+\s+[\d.]+\s+256$", cell("mpinb.metrics()"),
+                      re.M) == ["0", "1", "0", "1"]
+    solution = next(c for c in code if "solution" in c.metadata.get("tags", []))
+    assert "hide-cell" in solution.metadata.tags and solution.source.splitlines()[1] == "# Solution"
+    check = cell("own = gradients(model)")
+    assert all(f"[rank {r}] average_gradients gives the whole batch's gradient on this rank" in check
                for r in range(2))
+    assert "stopped" in text_of(code[-1])
 
 
 def test_04_debugging():
     notebook = execute("04_debugging.ipynb")
-    cells = outputs(notebook)
-    widgets = "\n".join(cells)  # %mpi grads' static rendering, as the saved notebook keeps it
+    code = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
+    figure = next(c for c in code if c.source.startswith("import matplotlib"))
+    assert any("image/png" in o.get("data", {}) for o in figure.outputs)  # the deadlock's wait-for cycle
+    cell = {key: text_of(next(c for c in code if key in c.source)) for key in [
+        'same_losses("same data"))', 'same_losses("sampler"))', "%%mpi --timeout 3", "comm.sendrecv(",
+        "ctypes.string_at(0)", "comm.allreduce(1)", "update = sgd_step(w, comm) - w", "%mpi stop"]}
+    widgets = "\n".join(outputs(notebook))  # %mpi grads' static rendering, as the saved notebook keeps it
     assert_static(notebook)
     assert "gradients differ on rank 1: a rank skipped the allreduce?" in widgets
     assert "weights differ on rank 1: different initial seeds, no broadcast from rank 0, or steps taken" in widgets
     assert "all 2 ranks agree on every layer" in widgets
-    assert "every rank saw the same batches: True" in cells[9] and "every rank saw the same batches: False" in cells[11]
-    deadlock = cells[12]
+    assert "every rank saw the same batches: True" in cell['same_losses("same data"))']
+    assert "every rank saw the same batches: False" in cell['same_losses("sampler"))']
+    deadlock = cell["%%mpi --timeout 3"]
     assert "ranks 0-1: Timeout: still running after 3 s, blocked in theirs = comm.recv(source=other) at cell line 2" \
         in deadlock and "ranks 0-1 left recv on COMM_WORLD" in deadlock and "variables are kept" in deadlock
-    assert "[rank 0] hello from 1 | still here: Sequential (2048, 16)" in cells[13]  # the world was kept
-    assert "[rank 1] hello from 0" in cells[13]
+    assert "[rank 0] hello from 1 | still here: Sequential (2048, 16)" in cell["comm.sendrecv("]  # the world was kept
+    assert "[rank 1] hello from 0" in cell["comm.sendrecv("]
+    crash = cell["ctypes.string_at(0)"]
     assert re.search(r"rank 1: RankLost: rank 1 died: signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), "
-                     r"called at cell line 3: ctypes\.string_at\(0\)", cells[14])
+                     r"called at cell line 3: ctypes\.string_at\(0\)", crash)
     # the other rank is named either way: ended by mpiexec, or found still running (which comes first is a race)
-    assert re.search(r"rank 0: RankLost: (rank 0 was ended by mpiexec after|still running when) rank 1 died", cells[14])
-    assert cells[16] == "[rank 0] 2\n[rank 1] 2" and "stopped" in cells[17]
+    assert re.search(r"rank 0: RankLost: (rank 0 was ended by mpiexec after|still running when) rank 1 died", crash)
+    assert cell["comm.allreduce(1)"] == "[rank 0] 2\n[rank 1] 2" and "stopped" in cell["%mpi stop"]
+    assert all(f"[rank {r}] the update matches one process on the whole batch, on this rank"
+               in cell["update = sgd_step(w, comm) - w"] for r in range(2))
+    solution = next(c for c in notebook.cells if "solution" in c.metadata.get("tags", []))
+    assert "hide-cell" in solution.metadata.tags and solution.source.startswith("%%mpi\n# Solution")
 
 
 def test_05_communication_cost():
@@ -214,11 +240,24 @@ def test_05_communication_cost():
 
 
 def test_06_model_and_hybrid_parallel():
-    cells = outputs(execute("06_model_and_hybrid_parallel.ipynb"))
-    pipeline = re.findall(r"largest \|weight - single process\| = (\S+)", cells[5])
+    notebook = execute("06_model_and_hybrid_parallel.ipynb")
+    code = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
+    cell = {key: text_of(next(c for c in code if key in c.source)) for key in [
+        "largest_difference(pipelined[stage], stage)", "for r in hybrid}", "pd.DataFrame(grid)", "got = {\"data\"",
+        "%mpi stop"]}
+    figures = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
+    assert any("FancyBboxPatch" in c.source for c in figures)  # who holds what, what travels: data, pipeline, hybrid
+    assert any("idle_fraction(measured)" in c.source for c in figures)  # the pipeline's schedule, counted and measured
+    pipeline = re.findall(r"largest \|weight - single process\| = (\S+)",
+                          cell["largest_difference(pipelined[stage], stage)"])
     hybrid = re.findall(r"^rank (\d) \(replica (\d), stage (\d)\): largest \|weight - single process\| = (\S+)$",
-                        cells[9], re.M)
+                        cell["for r in hybrid}"], re.M)
     assert len(pipeline) == 2 and all(float(d) < 1e-5 for d in pipeline)
     assert [row[:3] for row in hybrid] == [("0", "0", "0"), ("1", "0", "1"), ("2", "1", "0"), ("3", "1", "1")]
     assert all(float(row[3]) < 1e-5 for row in hybrid)
-    assert "[0, 2]" in cells[7] and "[1, 3]" in cells[7] and "stopped" in cells[-1]
+    assert "[0, 2]" in cell["pd.DataFrame(grid)"] and "[1, 3]" in cell["pd.DataFrame(grid)"]
+    assert all(f"[rank {r}] make_grid is right on this rank, for 1, 2 and 4 stages" in cell["got = {\"data\""]
+               for r in range(4))
+    assert "stopped" in cell["%mpi stop"]
+
+
