@@ -216,6 +216,36 @@ float(x[0])
     assert result == {0: 3.0, 1: 3.0, 2: 3.0}
 
 
+def test_a_split_that_leaves_ranks_out_does_not_make_later_communicators_a_mismatch(healthy, mpi):
+    """Ranks given COMM_NULL by a Split still count that Split, and a Create_group counts only among its group:
+    the communicators made after them have the same name on every member, so collectives on them are compared
+    with the right partners (once named one apart, ranks 2-3's second Split was compared with ranks 0-1's third
+    and called a mismatch)."""
+    healthy(4)
+    code = """import numpy as np
+pair = comm.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
+first = comm.Split(0, rank)
+group = comm.Get_group().Incl([2, 3]) if rank >= 2 else None
+own = comm.Create_group(group) if rank >= 2 else MPI.COMM_NULL   # collective over ranks 2-3 alone
+second = comm.Split(0, rank)
+first.Bcast(np.zeros(4), root=0)
+second.Allreduce(MPI.IN_PLACE, np.zeros(2))
+second.Barrier()
+if rank >= 2:
+    own.Barrier()
+    group.Free()
+names = (first._mpinb.name, second._mpinb.name, pair != MPI.COMM_NULL)
+for made in (pair, first, second, own):
+    if made != MPI.COMM_NULL:
+        made.Free()
+names
+"""
+    for _ in range(2):  # and again, when the ranks' counts of communicators made from COMM_WORLD have moved on
+        result = mpi(code)
+        assert len({names[:2] for names in result.values()}) == 1, result
+        assert [result[rank][2] for rank in range(4)] == [True, True, False, False]
+
+
 def test_tracing_works_under_plain_mpiexec(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""

@@ -222,11 +222,21 @@ def _maker(base, name):
             if kind is None:
                 return made
             made = classes[kind](made)
+        # the communicators made next must have the same name on every rank that holds them: a call collective
+        # over the parent is counted on every member, also where it gave COMM_NULL (a Split's MPI.UNDEFINED
+        # colour); Create_group, collective over the group alone, is counted per group
+        if name == "Create_group":
+            key = ("Create_group", _members(made)) if made != traced_comms.installed["MPI"].COMM_NULL else None
+        else:
+            key = "made"
+        counts = getattr(self, "_mpinb_counts", None)
+        if counts is None:
+            counts = self._mpinb_counts = {}
+        counts[key] = counts.get(key, 0) + 1
         if made == traced_comms.installed["MPI"].COMM_NULL:
             return made
         parent = self._mpinb if hasattr(self, "_mpinb") else _info(self)
-        self._mpinb_made = getattr(self, "_mpinb_made", 0) + 1
-        return _adopt(made, f"{parent.name}.{name}#{self._mpinb_made}", _members(made))
+        return _adopt(made, f"{parent.name}.{name}#{counts[key]}", _members(made))
 
     return _named(method, name, base)
 

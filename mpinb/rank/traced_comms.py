@@ -13,7 +13,7 @@ installed = None
 
 def _adopt(comm, name, members):
     comm._mpinb = _state.ledger(name, members)
-    comm._mpinb_made = 0
+    comm._mpinb_counts = {}  # communicators made from it so far (traced_calls._maker)
     _state.comms[name] = weakref.ref(comm)
     return comm
 
