@@ -33,7 +33,8 @@ run on host 0 (``hosts.hydra_options()`` gives those options). Hydra needs nothi
 sees one machine (same boot id) and moves the data through shared memory (sysv, cma) even between hosts, so
 ``hosts.mpi_env`` sets ``UCX_TLS=tcp,self`` and ``UCX_NET_DEVICES=eth0`` (and, for the ofi netmod,
 ``FI_TCP_IFACE=eth0``, ``FI_SOCKETS_IFACE=eth0``): then an allreduce of 32 MB moves 32 MB through each eth0.
-``eth0`` is each host's only interface besides loopback.
+``eth0`` is each host's only interface besides loopback. Open MPI: ``hosts.openmpi_options()`` (its ssh agent is
+the same wrapper; TCP on eth0 for its daemons and its ranks).
 """
 
 import contextlib
@@ -311,6 +312,13 @@ class Hosts:
         for key, value in self.mpi_env.items():
             options += ["-genv", key, value]
         return options
+
+    def openmpi_options(self):
+        """Open MPI ``mpirun`` options that start its daemons on other hosts through ssh (the wrapper) and keep its
+        own and MPI's traffic on eth0 (TCP, not shared memory: the hosts share one kernel); the hosts come from a
+        hostfile (``h1 slots=2``)."""
+        return ["--mca", "plm_rsh_agent", self.ssh_wrapper, "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+                "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0"]
 
     @property
     def daemon_pids(self):

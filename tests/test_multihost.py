@@ -7,6 +7,7 @@ side runs on the first host (tests/multihost_driver.py: an IPython shell with mp
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hosts import Hosts, wait_for
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
 DRIVER = Path(__file__).with_name("multihost_driver.py")
+OPENMPI = "/usr/bin/mpiexec.openmpi"  # Debian's openmpi-bin (make mpis)
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +32,17 @@ def hosts():
 
 def notebook(hosts, steps, *, ranks=(1, 2), per_host=2, **setup):
     """The command that runs the notebook's side on host 0 with *steps*, and ``per_host`` ranks on each of
-    *ranks*' hosts (a hostfile, Hydra's ssh options, and --ip on host 0's address)."""
+    *ranks*' hosts (a hostfile, Hydra's ssh options, and --ip on host 0's address); with ``default_mpi="openmpi"``
+    in *setup*, Debian's Open MPI and its ssh options."""
     hostfile = hosts.dir / "hostfile"
-    hostfile.write_text("".join(f"{hosts.names[i]}:{per_host}\n" for i in ranks))
-    options = hosts.hydra_options(list(ranks))
-    where = options.index("-hosts")
-    del options[where:where + 2]  # the hostfile says where
+    if setup.get("default_mpi") == "openmpi":
+        hostfile.write_text("".join(f"{hosts.names[i]} slots={per_host}\n" for i in ranks))
+        options = hosts.openmpi_options()
+    else:
+        hostfile.write_text("".join(f"{hosts.names[i]}:{per_host}\n" for i in ranks))
+        options = hosts.hydra_options(list(ranks))
+        where = options.index("-hosts")
+        del options[where:where + 2]  # the hostfile says where
     config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
                         "mpiexec_args": options, **setup}, "steps": steps}
     return [sys.executable, str(DRIVER), json.dumps(config)]
@@ -89,6 +96,36 @@ def test_a_rank_killed_on_another_host_fails_the_cell_naming_it_and_its_host(hos
     first = text.splitlines()[1]  # the rank whose end ended the others comes first
     assert first.startswith(f"rank 3: RankLost: rank 3 died: its process on {hosts.names[2]} ended"), text
     assert "Timeout" not in text  # noticed as it happened, not at the cell's time limit
+
+
+def test_open_mpi_runs_across_hosts_and_names_how_a_remote_rank_died(hosts):
+    """Open MPI passes to other hosts only the variables named with -x: the engines' connection to the
+    controller ($IPP_CONNECTION_INFO) among them (without it no rank registered). Its launcher names the rank
+    that ended the job, and how."""
+    if not Path(OPENMPI).exists():
+        if os.environ.get("MPINB_TEST_ALL_MPIS"):
+            pytest.fail(f"{OPENMPI} is missing: make mpis installs it (Debian's openmpi-bin)")
+        pytest.skip(f"{OPENMPI} is missing: make mpis installs it")
+    result = drive(hosts, [
+        ["line", "start -n 4"],
+        ["cell", "", "import socket\nprint(socket.gethostname())"],
+        ["cell", "--gather x", "import numpy as np\nx = np.arange(1 << 18, dtype=np.float64) * (rank + 1)"],
+        ["eval", "[bool((x[r] == __import__('numpy').arange(1 << 18) * (r + 1)).all()) for r in sorted(x)]"],
+        ["line", "status"],
+        ["cell", "--timeout 120", "import os, time\nif rank == 3:\n    time.sleep(1)\n    os.kill(os.getpid(), 9)\n"
+                                  "time.sleep(100)"],
+    ], default_mpi="openmpi", mpiexec=OPENMPI)
+    start, hello, gather, exact, status, killed = result["steps"]
+    assert start["raised"] is None and "Open MPI" in start["stdout"], start
+    h1, h2 = hosts.names[1], hosts.names[2]
+    assert sorted(hello["stdout"].splitlines()) == [f"[rank 0] {h1}", f"[rank 1] {h1}", f"[rank 2] {h2}",
+                                                     f"[rank 3] {h2}"]
+    assert gather["raised"] is None and exact["value"] == "[True, True, True, True]", (gather, exact)
+    assert f"{h1}: ranks 0-1; {h2}: ranks 2-3" in status["stdout"], status["stdout"]
+    name, text = killed["raised"]
+    assert name == "RankError" and "Timeout" not in text, killed
+    assert text.splitlines()[1] == (f"rank 3: RankLost: rank 3 died: its process on {h2} was ended by signal 9 "
+                                    "(SIGKILL) (mpiexec reported it)"), text
 
 
 def test_a_timeout_interrupts_the_ranks_on_other_hosts_and_keeps_the_world(hosts):

@@ -196,11 +196,13 @@ class Death:
     abort_code: int = None
     aborted_by: tuple = None  # (rank, "called MPI_Abort(...)") of the rank whose MPI_Abort ended the job
     host: str = None  # the other host it ran on, when it did: its end is known from ipyparallel's heartbeats
-    reported: int = None  # the exit code mpiexec reported for it, when it ran on another host
+    reported: int = None  # how mpiexec reported its end, when it ran on another host (negative: that signal)
 
     def describe(self):
         if self.abort:
             return self.abort
+        if self.reported is not None and self.reported < 0:
+            return f"its process on {self.host} was ended by {_signal_text(-self.reported)} (mpiexec reported it)"
         if self.reported is not None:
             return f"its process on {self.host} ended (mpiexec reported exit code {self.reported} on that host)"
         if self.host is not None and self.returncode is None:
@@ -209,10 +211,13 @@ class Death:
         if self.returncode is None:
             return "exit status unknown"
         if self.returncode < 0:
-            number = -self.returncode
-            name = signal.Signals(number).name if number in set(signal.Signals) else "?"
-            return f"signal {number} ({name})"
+            return _signal_text(-self.returncode)
         return f"exit code {self.returncode}"
+
+
+def _signal_text(number):
+    name = signal.Signals(number).name if number in set(signal.Signals) else "?"
+    return f"signal {number} ({name})"
 
 
 def death_report(world, dead, *, wait=1.0):
@@ -222,7 +227,10 @@ def death_report(world, dead, *, wait=1.0):
     while True:
         output = world.launcher_output() + "\n" + _native_stderr(world, world.ranks)
         deaths = {rank: _death(world, rank, output) for rank in dead}
-        culprit = any(d.returncode not in (None, -signal.SIGKILL) or d.when == 0.0 for d in deaths.values())
+        # a rank that ended first, of its own cause: on another host, once mpiexec said how (its report comes
+        # after the engine's nanny noticed the end)
+        culprit = any(d.returncode not in (None, -signal.SIGKILL) or d.reported is not None or
+                      (d.when == 0.0 and d.host is None) for d in deaths.values())
         if (culprit or all(d.returncode is not None for d in deaths.values()) or aborts(output)
                 or time.monotonic() > deadline):
             break
@@ -252,8 +260,24 @@ def _native_stderr(world, ranks):
 
 # Hydra (MPICH's mpiexec) on a process of the job that ended badly: its host is right, its pid not always the one
 _BAD_TERMINATION = re.compile(r"RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
+# Open MPI's launcher (mpirun 4, prterun 5) on the first process of the job that ended badly, by its MPI rank
+_OMPI_SIGNAL = re.compile(r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)")
+_OMPI_EXIT = re.compile(r"The first process to do so was:\s+Process name: \[(?:\[\d+,\d+\]|[^,\]]+),(\d+)\]\s+"
+                        r"Exit code:\s+(\d+)")
 # ipyparallel's nanny of an engine whose process ended, in the engines' log that mpiexec forwards, in order
 _NANNY = re.compile(r"\[KernelNanny\.\d+\] (?:Parent|Pipe closed, parent) (\d+)")
+
+
+def _reported(rank, host, output):
+    """How mpiexec reported the end of *rank* on *host* (an exit code, or minus the signal), or ``None``: Open
+    MPI names the rank; Hydra names only the host, which is *rank*'s if it was the first to end."""
+    for number, node, signal_number in _OMPI_SIGNAL.findall(output):
+        if int(number) == rank and node.split(".")[0] == host.split(".")[0]:
+            return -int(signal_number)
+    for number, code in _OMPI_EXIT.findall(output):
+        if int(number) == rank:
+            return int(code)
+    return None
 
 
 def _death(world, rank, output=""):
@@ -261,7 +285,11 @@ def _death(world, rank, output=""):
         who = world.identities.get(rank, {})
         noticed = [int(pid) for pid in _NANNY.findall(output)]
         when = float(noticed.index(who.get("pid"))) if who.get("pid") in noticed else None
-        codes = [int(code) for host, code in _BAD_TERMINATION.findall(output) if host == who.get("host")]
+        host = who.get("host") or ""
+        reported = _reported(rank, host, output)
+        if reported is not None:
+            return Death(rank, host=who.get("host"), reported=reported, when=0.0 if when is None else when)
+        codes = [int(code) for named, code in _BAD_TERMINATION.findall(output) if named == host]
         return Death(rank, host=who.get("host"), reported=codes[0] if codes and when == 0.0 else None, when=when)
     pid = world.identities.get(rank, {}).get("pid")
     path = os.path.join(world.status_dir or "", f"exit-{pid}")

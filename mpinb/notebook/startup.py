@@ -114,7 +114,10 @@ class Startup:
         if world.loopback:
             environment.update(LOOPBACK_ENV)
         local = not world.placement.batch and not world.placement.hostfile
-        arguments = mpi.launcher_args(world.size, local=local, forward=sorted(environment)) + world.mpiexec_args
+        # off this host the engines find the controller from $IPP_CONNECTION_INFO, which ipyparallel sets on the
+        # launcher when it starts: Open MPI passes to other hosts only the variables it is told to
+        forward = sorted(environment) + ([] if local else ["IPP_CONNECTION_INFO"])
+        arguments = mpi.launcher_args(world.size, local=local, forward=forward) + world.mpiexec_args
         # each rank runs its engine under a parent that records how it ended (rank/launch.py)
         # ipyparallel's nanny (a process per engine, a quarter of a second of CPU each to start) signals ranks on
         # other hosts; ranks on this one are signalled by pid
