@@ -81,6 +81,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/static.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/gather.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/hosts.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/remote_faults.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/scale.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/profile.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/busy.py --markdown benchmarks/RESULTS.md

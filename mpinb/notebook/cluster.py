@@ -264,9 +264,17 @@ class World:
         remote = [rank for rank in ranks if rank not in local and rank in self.engines]
         if remote and self.client is not None:
             registered = set(self.client.ids)  # reads the hub's unregistration notices first
-            dead += [rank for rank in remote if self.engines[rank] not in registered]
+            gone = [rank for rank in remote if self.engines[rank] not in registered]
+            # Open MPI ends the whole job as soon as one rank dies, the engines' nannies with it: the hub
+            # would hear of it only when the heartbeats stop, but the local mpiexec has exited by then
+            dead += remote if len(gone) < len(remote) and self._launcher_ended() else gone
         self._checked = (time.monotonic(), set(ranks), set(dead))
         return sorted(dead)
+
+    def _launcher_ended(self):
+        """Whether an ``mpiexec`` this process started has exited: its ranks on other hosts are ended or cut off."""
+        processes = [ipp.process(launcher) for launcher in self.cluster.engines.values()] if self.cluster else []
+        return any(process is not None and not alive(process) for process in processes)
 
     def dead_ranks_lately(self, ranks=None, within=0.5):
         """:meth:`dead_ranks`, or what it found less than *within* seconds ago (cells run back to back do not

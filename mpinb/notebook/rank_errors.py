@@ -56,7 +56,10 @@ def check_deaths(world, ranks, replies, result, code):
     dead = world.dead_ranks([rank for rank in ranks if rank not in replies])
     if not dead:
         return
-    deaths = death_report(world, dead, wait=2.0)
+    # no exit record comes from another host: once the first death is known, ranks there that end after it
+    # ended with the job, and waiting for mpiexec's word on them only delays the cell
+    later = result.first_death is not None and all(world.is_remote(rank) for rank in dead)
+    deaths = death_report(world, dead, wait=0.0 if later else 2.0)
     if result.first_death is None and all(d.returncode is None and not d.abort and d.host is None
                                           for d in deaths.values()):
         caller = next((d.aborted_by for d in deaths.values() if d.aborted_by), None)
