@@ -163,6 +163,8 @@ def assert_on(world, spec, size):
     assert sorted(world.identities) == list(range(size))
     for rank in range(size):
         assert spec.says in world.identities[rank]["mpi"], (rank, world.identities[rank])
+        # shown by %mpi start and %mpi status: Open MPI 4's version string ends in a NUL byte
+        assert world.identities[rank]["mpi"].isprintable(), world.identities[rank]["mpi"]
 
 
 def test_start(world, on, mpi):

@@ -91,6 +91,6 @@ def identity():
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "parent": os.getppid(),
-        "mpi": " ".join(MPI.Get_library_version().split("\n")[0].split()),
+        "mpi": " ".join(MPI.Get_library_version().replace("\0", " ").split("\n")[0].split()),  # Open MPI ends in NUL
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
     }
