@@ -3,7 +3,8 @@ Intel MPI (the impi-rt wheel), each against MPICH in the same run.
 
     python benchmarks/mpis.py [--ranks 4] [--reps 20] [--markdown benchmarks/RESULTS.md]
 
-Rows per MPI, medians: world start (``%mpi start -n N`` to every rank answering), a trivial cell (``pass`` on
+Rows per MPI, medians: world start (``%mpi start -n N`` to every rank answering), world stop (``%mpi stop`` to
+every process gone), a trivial cell (``pass`` on
 every rank), ``--gather`` of 32 MB of float32 per rank, and a 16 MB float32 sum over the ranks: one
 ``MPI.Allreduce`` against ``mpinb.torch.allreduce_gradients`` of the same bytes (the ratio is mpinb's cost over
 the bound). An MPI whose launcher is missing is left out (``make mpis`` installs them).
@@ -67,8 +68,10 @@ def measure(ip, mpiexec, ranks, reps):
     ours = statistics.median(max(values["mpinb"][i] for values in per_rank.values())
                              for i in range(len(per_rank[0]["mpinb"])))
     version = magics.world.identities[0]["mpi"]
+    tic = time.perf_counter()
     ip.run_line_magic("mpi", "stop")
-    return dict(start=start, cell=statistics.median(cells), gather=statistics.median(gathers), raw=raw,
+    stop = time.perf_counter() - tic
+    return dict(start=start, stop=stop, cell=statistics.median(cells), gather=statistics.median(gathers), raw=raw,
                 ours=ours, version=version)
 
 
@@ -90,11 +93,12 @@ def main():
     rows = [MARK, f"The same work on each MPI, N={args.ranks} ranks on this machine, medians "
             f"(`python benchmarks/mpis.py --ranks {args.ranks} --reps {args.reps}`); ratios against MPICH in the "
             "same run, and for the sum, mpinb's allreduce_gradients against one MPI.Allreduce of the same 16.8 MB:",
-            "", "| MPI | world start | / MPICH | trivial cell | / MPICH | --gather 32 MB a rank | / MPICH "
-            "| MPI.Allreduce 16.8 MB | allreduce_gradients | / Allreduce |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "", "| MPI | world start | / MPICH | world stop | / MPICH | trivial cell | / MPICH "
+            "| --gather 32 MB a rank | / MPICH | MPI.Allreduce 16.8 MB | allreduce_gradients | / Allreduce |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         rows.append(f"| {name}: {r['version'][:40]} | {r['start']:.2f} s | {r['start'] / anchor['start']:.2f} "
+                    f"| {r['stop']:.2f} s | {r['stop'] / anchor['stop']:.2f} "
                     f"| {r['cell'] * 1e3:.2f} ms | {r['cell'] / anchor['cell']:.2f} | {r['gather'] * 1e3:.0f} ms "
                     f"| {r['gather'] / anchor['gather']:.2f} | {r['raw'] * 1e3:.1f} ms | {r['ours'] * 1e3:.1f} ms "
                     f"| {r['ours'] / r['raw']:.2f} |")
