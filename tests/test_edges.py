@@ -210,11 +210,28 @@ def test_finalize_and_input_on_a_rank_say_why_they_cannot(world_of, mpi):
     with pytest.raises(RankError) as info:
         mpi("from mpi4py import MPI as M\nif rank == 1:\n    M.Finalize()\ncomm.Barrier()", line="--timeout 60")
     assert "rank 1: RuntimeError: MPI.Finalize() is not for a notebook's world" in str(info.value)
+    assert "mpinb/rank" not in re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(info.value._render_traceback_()))
     assert "Timeout" not in str(info.value)
     with pytest.raises(RankError) as info:
         mpi("input('epochs? ')")
     assert "ranks 0-1: NoKeyboard: input() on a rank has no keyboard to read from" in str(info.value)
     assert mpi("comm.allreduce(1)") == {0: 2, 1: 2}
+
+
+def test_exit_on_a_rank_says_why_it_cannot_and_the_world_goes_on(world_of, mpi):
+    """IPython's exit() on a rank did nothing at once: it marked the rank's engine to shut down after its next
+    ipyparallel request, which mpinb makes after a failed cell. That rank then waited in MPI_Finalize for the
+    others, and the next cell waited for it until its timeout."""
+    world_of(2)
+    for call in ("exit()", "quit()"):
+        with pytest.raises(RankError) as info:
+            mpi(f"if rank == 1:\n    {call}\n'went on'")
+        assert f"rank 1: RuntimeError: {call} is not for a notebook's world" in str(info.value), str(info.value)
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(info.value._render_traceback_()))
+        assert f"----> 2     {call}" in shown and "mpinb/rank" not in shown, shown  # the cell's call, no guard
+    with pytest.raises(RankError):
+        mpi("raise ValueError('a failed cell')")
+    assert mpi("comm.allreduce(1)", line="--timeout 20") == {0: 2, 1: 2}
 
 
 def test_each_rank_gets_a_fair_share_of_the_cores(ip, world_of, mpi, capsys):

@@ -20,10 +20,12 @@ import threading
 from pathlib import Path
 
 SIGNAL = signal.SIGUSR2
-# mpinb's wrappers around MPI calls (rank/intercept.py and the modules it is made of, rank/trace_torch.py): not
+# mpinb's wrappers around MPI calls (rank/intercept.py and the modules it is made of, rank/trace_torch.py), and
+# the guards that stand in for what a rank must not call (rank/guards.py): not
 # where the user's code is, so left out of the stacks and tracebacks users see
 WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/traced_calls.py", "mpinb/rank/traced_comms.py",
-            "mpinb/rank/call_arguments.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py")
+            "mpinb/rank/call_arguments.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py",
+            "mpinb/rank/guards.py")
 
 _file = None
 _stderr = None

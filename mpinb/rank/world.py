@@ -23,38 +23,14 @@ def init_world(namespace=None, *, threads=0):
         from IPython import get_ipython
 
         namespace = get_ipython().user_ns
+    from .guards import guard_world
     from .intercept import install
 
     install(MPI)  # every MPI call noted: collectives checked for mismatches, spans under %%mpi --trace
     comm = MPI.COMM_WORLD
     namespace.update(comm=comm, rank=comm.rank, size=comm.size, MPI=MPI)
-    guard_world(MPI)
+    guard_world(MPI, namespace)
     return identity()
-
-
-class NoKeyboard(EOFError):
-    """``input()`` on a rank: there is nobody to type (an ``EOFError``, as code that handles end of input expects)."""
-
-
-def guard_world(MPI):
-    """What would otherwise hang or fail silently on a rank of a notebook's world says why instead.
-
-    ``MPI.Finalize()`` mid-cell would end MPI on one rank while the notebook still drives the others (the next
-    collective blocks forever); ``input()`` would read end-of-file from mpiexec's stdin without a word.
-    """
-    import builtins
-
-    def finalize():
-        raise RuntimeError("MPI.Finalize() is not for a notebook's world: it would end MPI on this rank while the "
-                           "notebook still drives the others. %mpi stop ends the world (and MPI on every rank); "
-                           "a script exported with mpinb export may call it")
-
-    def keyboard(prompt=""):
-        raise NoKeyboard("input() on a rank has no keyboard to read from: set the value in the cell, or read it "
-                         "in the notebook and pass it in, e.g. value = comm.bcast(value, root=0)")
-
-    MPI.Finalize = finalize
-    builtins.input = keyboard
 
 
 def share_cores(comm, threads=0):
