@@ -51,6 +51,18 @@ def test_a_world_restarted_or_kept_after_a_failure_says_so_once(world_of, mpi, c
     assert text.count("every rank's variables are kept") == 1, text
 
 
+def test_a_syntax_error_reads_as_ipython_shows_it_with_the_line_and_a_caret(world_of, mpi, capsys):
+    """It read 'invalid syntax (<ipython-input-0-838671dc4620>, line 2)' under an empty traceback."""
+    world_of(2)
+    capsys.readouterr()
+    error = failed(lambda: mpi("x = 1\ndef f(:\n    pass"))
+    text = shown(error, capsys)
+    assert "ranks 0-1: SyntaxError: invalid syntax (cell line 2)" in str(error), str(error)
+    assert re.search(r"Cell In\[\d+\], line 2\n    def f\(:\n +\^", text), text
+    assert "ipython-input" not in text, text
+    assert mpi("rank") == {0: 0, 1: 1}
+
+
 @pytest.mark.parametrize("crash, how", [("import os\n    os._exit(3)", "rank 1 died: exit code 3"),
                                         ("comm.Abort(3)", "rank 1 called MPI_Abort(MPI_COMM_WORLD, 3)")])
 def test_the_rank_that_crashed_comes_first_and_the_advice_once(crash, how, ip, world_of, mpi, capsys):

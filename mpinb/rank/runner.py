@@ -129,10 +129,14 @@ def describe_error(exc, shell=None):
         tb = tb.tb_next
     if isinstance(exc, SyntaxError):
         tb = None  # the compiler's frames say nothing: the error itself names the file, line and column
+    # in the cell itself: said as IPython says it, the line with a caret under Cell In[N], not the file's name
+    in_cell = isinstance(exc, SyntaxError) and str(exc.filename or "").startswith("<")
     ename = type(exc).__name__
-    evalue = _text(exc)
+    evalue = f"{exc.msg} (cell line {exc.lineno})" if in_cell else _text(exc)
     try:
-        if shell is not None:
+        if shell is not None and in_cell:
+            lines = shell.SyntaxTB.structured_traceback(type(exc), exc, [])
+        elif shell is not None:
             lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb)
         else:
             lines = traceback.format_exception(type(exc), exc, tb)
