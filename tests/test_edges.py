@@ -258,6 +258,12 @@ def test_ipyparallel_tools_reach_the_ranks_through_a_public_view(ip, world_of, m
     assert "%px and %%px now run on every rank" in capsys.readouterr().out
     ip.run_cell_magic("px", "", "doubled = rank * 2")
     assert mpi("doubled") == {0: 0, 1: 2}
+    capsys.readouterr()
+    ip.run_cell_magic("px", "", "print('from px', rank)")  # %%px's output stays ipyparallel's
+    out = capsys.readouterr().out
+    assert "from px 0" in out and "from px 1" in out, out
+    mpi("pass")
+    assert "from px" not in capsys.readouterr().out
 
 
 def test_a_large_gather_costs_the_notebook_its_payload_and_no_more(ip, magics, world_of, mpi):

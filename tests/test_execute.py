@@ -69,6 +69,27 @@ def test_output_streams_while_the_cell_runs(world_of, ip, magics, capsys, tmp_pa
     assert seen == ["early", "late"]
 
 
+def test_what_a_ranks_thread_prints_between_cells_comes_with_the_next_cell(world_of, mpi, capsys, tmp_path):
+    """It was lost: between cells a rank's sys.stdout is the engine's own stream, which nobody reads."""
+    world_of(2)
+    go, done = tmp_path / "go", tmp_path / "done"
+    mpi(f"import os, sys, threading, time\ndef later():\n    while not os.path.exists({str(go)!r}):\n"
+        f"        time.sleep(0.02)\n    print('between cells', rank, flush=True)\n"
+        f"    sys.stderr.write(f'warned {{rank}}\\n')\n    open({str(done)!r} + str(rank), 'w').close()\n"
+        f"threading.Thread(target=later, daemon=True).start()")
+    capsys.readouterr()
+    go.touch()  # the cell has ended: the threads print now, while no cell runs
+    for rank in range(2):
+        for _ in range(600):
+            if (tmp_path / f"done{rank}").exists():
+                break
+            threading.Event().wait(0.05)
+    assert mpi("'next'") == {0: "next", 1: "next"}
+    captured = capsys.readouterr()
+    assert "[rank 0] between cells 0" in captured.out and "[rank 1] between cells 1" in captured.out, captured
+    assert "[rank 0] warned 0" in captured.err and "[rank 1] warned 1" in captured.err, captured
+
+
 def test_identical_errors_merge_and_the_world_stays_usable(world_of, mpi, capsys):
     world_of(4)
     mpi("y = rank")

@@ -59,7 +59,7 @@ class CellRun:
     def handle(self, message):
         """One message from a rank: output, metrics, a roll-call answer, a prompt, trace spans or the reply."""
         result, settings, watch, recovery = self.result, self.settings, self.watch, self.recovery
-        if isinstance(message, Out) and message.cell_id == self.cell_id:
+        if isinstance(message, Out) and message.cell_id in (self.cell_id, None):  # None: written between cells
             rank, _, name, text = message
             getattr(result, name)[rank] += text
             if settings.stream:

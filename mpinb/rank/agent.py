@@ -17,7 +17,7 @@ from ..wire import messages, shm
 from ..wire.kinds import Cell, Hello, Reply
 from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
 from .abort_watch import AbortWatch
-from .outbox import Ask, ChannelStream, Outbox, TraceEnd, TraceStart
+from .outbox import Ask, BetweenCells, ChannelStream, Outbox, TraceEnd, TraceStart
 
 _agent = None
 
@@ -60,6 +60,9 @@ class Agent:
             messages.encrypt_client(self.inbox, key)
         self.inbox.connect(cells)
         self.outbox = Outbox(context, events, key, rank, flush_interval, encrypt)
+        self.engine_streams = sys.stdout, sys.stderr
+        sys.stdout = BetweenCells(self.outbox, "stdout", sys.stdout)
+        sys.stderr = BetweenCells(self.outbox, "stderr", sys.stderr)
         report.recorder.sink = self.outbox.metrics
         # the engine's loop wakes this rank when a cell arrives: on the socket's descriptor, which signals that
         # its state changed (edge-like), so every wake-up reads until nothing is left (ZMQStream, which did
@@ -176,6 +179,7 @@ class Agent:
                 return self.replies.pack(Reply(self.rank, cell_id, {"error": error}))
 
     def close(self):
+        sys.stdout, sys.stderr = self.engine_streams
         self.loop.remove_handler(self.inbox_fd)
         self.inbox.close()
         self.rollcall.close()

@@ -87,6 +87,28 @@ class ChannelStream(io.TextIOBase):
         return self.original.fileno()
 
 
+class BetweenCells(ChannelStream):
+    """``sys.stdout``/``sys.stderr`` between cells: what the rank's threads write goes to the notebook, which shows
+    it with the next cell (the engine's own stream has no reader then). The main thread's writes are those of
+    ipyparallel's requests (``%%px``, ``apply``): they stay the engine's, for ipyparallel to show."""
+
+    def __init__(self, outbox, name, original):
+        super().__init__(outbox, None, name, original)
+
+    def write(self, text):
+        if threading.current_thread() is threading.main_thread():
+            return self.original.write(text)
+        return super().write(text)
+
+    def flush(self):
+        self.original.flush()
+
+    def __getattr__(self, name):  # the engine's stream's own (ipykernel's set_parent, which routes its output)
+        if name == "original":
+            raise AttributeError(name)
+        return getattr(self.original, name)
+
+
 class Outbox(threading.Thread):
     """Owns the socket back to the notebook; sends output chunks in batches and replies at once, in order.
 

@@ -53,7 +53,8 @@ class Hello(NamedTuple):
 
 
 class Out(NamedTuple):
-    """Text the cell wrote to *stream* (``stdout`` or ``stderr``)."""
+    """Text the cell wrote to *stream* (``stdout`` or ``stderr``); *cell_id* ``None``: written between cells (by
+    a thread the rank runs), shown with the next cell."""
 
     rank: int
     cell_id: int
