@@ -1,11 +1,15 @@
 """Start, stop, restart, status and preflight of real MPI worlds; nothing may be left running."""
 
+import gc
 import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import psutil
 import pytest
@@ -141,6 +145,30 @@ def test_mpiexec_of_another_mpi_is_detected(ip, magics, tmp_path):
         world.start()
     mine = [path for path in world.shared_files_seen if os.path.basename(path).startswith("mpich_shm_")]
     assert mine and not [path for path in mine if os.path.exists(path)]
+
+
+def test_a_start_interrupted_while_the_controller_starts_leaves_nothing_and_says_nothing_later(caplog):
+    """Interrupted while ipyparallel's client waited for the controller's connection files, the start left that
+    wait's coroutine pending, and asyncio later said 'Task was destroyed but it is pending!' with ipyparallel's
+    internals, in whatever cell ran when it was collected."""
+    class Line:  # the start's progress line: on "launching", the controller has only just been started
+        def update(self, text, done=None, total=None, *, force=False):
+            if text.startswith("launching"):
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()  # the Stop button
+
+        def close(self):
+            pass
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    world = World(2, progress=Line)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(KeyboardInterrupt):
+            world.start()
+        gc.collect()
+    assert not [record for record in caplog.records if "destroyed" in record.getMessage()], caplog.text
+    assert not world.running
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert_all_gone(started)
 
 
 def test_a_dead_rank_leaves_no_process_and_no_shared_memory(ip, magics, world_of, mpi):

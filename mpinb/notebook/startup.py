@@ -163,6 +163,7 @@ class Startup:
     def _register(self):
         """Every rank registered and told its rank; the reaper now watches the ranks too."""
         world = self.world
+        self._wait_for_controller()
         world.client = world.cluster.connect_client_sync()
         self._wait_for_engines()
         self.everyone = world.client.direct_view(targets=list(world.client.ids))
@@ -186,6 +187,20 @@ class Startup:
         self.everyone.apply_sync(agent.start, cells=world.channel.cells_url, events=world.channel.events_url,
                                  salt=world.channel.salt, key=world.channel.sent_key, encrypt=world.channel.encrypt)
         world.stack_files = world.channel.wait_for_ranks(world.ranks, timeout=world.start_timeout)
+
+    def _wait_for_controller(self):
+        """Wait here for the controller's connection files, which ipyparallel's client waits for in a coroutine
+        (every 0.1 s): interrupted there, the coroutine was left pending, and asyncio said so later from its
+        destructor ('Task was destroyed but it is pending!')."""
+        world = self.world
+        deadline = time.monotonic() + world.start_timeout
+        while not all(os.path.exists(path) for path in ipp.connection_files(world.cluster)):
+            self._check_launchers()
+            if time.monotonic() > deadline:
+                output = self._launcher_output()
+                raise start_failure(f"the ipyparallel controller wrote no connection file within "
+                                    f"{world.start_timeout:g} s:\n{output}", output)
+            time.sleep(0.02)
 
     def _wait_for_engines(self):
         """Wait for every rank to register. Time a batch job spends queued does not count against
