@@ -63,6 +63,20 @@ def test_a_syntax_error_reads_as_ipython_shows_it_with_the_line_and_a_caret(worl
     assert mpi("rank") == {0: 0, 1: 1}
 
 
+def test_a_traceback_of_thousands_of_frames_is_shortened_before_it_is_rendered(world_of, mpi, capsys):
+    """IPython renders a frame in about 0.35 ms: a RecursionError under a raised recursion limit kept its rank busy
+    for minutes after the error (134 s for 100,000 frames), the cell waiting for it."""
+    world_of(2)
+    capsys.readouterr()
+    error = failed(lambda: mpi("import sys\nsys.setrecursionlimit(30000)\ndef f(n):\n    return f(n + 1)\n"
+                               "if rank == 1:\n    f(0)\n'fine'"))
+    text = shown(error, capsys)
+    assert "rank 1: RecursionError: maximum recursion depth exceeded" in str(error), str(error)
+    assert re.search(r"\[\.\.\. \d{5} frames left out: the first \d+ and the last \d+ are shown\]", text), text
+    assert "return f(n + 1)" in text
+    assert mpi("rank") == {0: 0, 1: 1}
+
+
 @pytest.mark.parametrize("crash, how", [("import os\n    os._exit(3)", "rank 1 died: exit code 3"),
                                         ("comm.Abort(3)", "rank 1 called MPI_Abort(MPI_COMM_WORLD, 3)")])
 def test_the_rank_that_crashed_comes_first_and_the_advice_once(crash, how, ip, world_of, mpi, capsys):

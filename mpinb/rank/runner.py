@@ -127,6 +127,7 @@ def describe_error(exc, shell=None):
     tb = _without_wrappers(exc.__traceback__)
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    tb, left_out = _shortened(tb)
     if isinstance(exc, SyntaxError):
         tb = None  # the compiler's frames say nothing: the error itself names the file, line and column
     # in the cell itself: said as IPython says it, the line with a caret under Cell In[N], not the file's name
@@ -143,7 +144,28 @@ def describe_error(exc, shell=None):
         lines = [str(line) for line in lines]
     except Exception:  # noqa: BLE001 - the rendering itself failed: fall back to the frames alone
         lines = ["Traceback (most recent call last):\n", *traceback.format_tb(tb), f"{ename}: {evalue}\n"]
+    if left_out:
+        lines.insert(0, f"[... {left_out} frames left out: the first {KEPT_FRAMES} and the last {KEPT_FRAMES} are "
+                        "shown]\n")
     return {"ename": ename, "evalue": evalue, "traceback": lines}
+
+
+KEPT_FRAMES = 100  # at each end of a longer traceback: IPython renders a frame in about 0.35 ms
+
+
+def _shortened(tb):
+    """*tb* with at most ``2 * KEPT_FRAMES`` frames (its first and last), and how many were left out: a
+    RecursionError under a raised recursion limit otherwise kept its rank rendering for minutes."""
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    if len(frames) <= 2 * KEPT_FRAMES:
+        return (frames[0] if frames else None), 0
+    kept = frames[:KEPT_FRAMES] + frames[-KEPT_FRAMES:]
+    for outer, inner in zip(kept, kept[1:]):
+        outer.tb_next = inner
+    return kept[0], len(frames) - len(kept)
 
 
 def _without_wrappers(tb):
