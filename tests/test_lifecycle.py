@@ -171,6 +171,20 @@ def test_a_start_interrupted_while_the_controller_starts_leaves_nothing_and_says
     assert_all_gone(started)
 
 
+def test_ranks_on_this_host_read_a_whole_copy_of_the_controllers_engine_file(world_of):
+    """The controller writes its connection file in place; ranks that start while it does read it as soon as it
+    exists, and one that found it empty exited (JSONDecodeError, 'only 0 of 4 ranks registered'). They wait for a
+    copy the notebook makes once the file is whole, and which appears at once (os.replace)."""
+    from mpinb.notebook import ipp
+
+    world = world_of(2)
+    copy = os.path.join(world.status_dir, "engine.json")
+    with open(copy) as mine, open(ipp.engine_connection_file(world.cluster)) as controllers:
+        assert json.load(mine) == json.load(controllers)
+    engines = [p for p in world_processes(world) if "ipyparallel.engine" in p.cmdline()]
+    assert engines and all(f"--IPEngine.url_file={copy}" in p.cmdline() for p in engines)
+
+
 def test_a_dead_rank_leaves_no_process_and_no_shared_memory(ip, magics, world_of, mpi):
     world = world_of(2)
     shared = set(world._shared_files)

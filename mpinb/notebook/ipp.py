@@ -40,6 +40,12 @@ def connection_files(cluster):
     return list(controller.connection_files.values()) if controller is not None else []
 
 
+def engine_connection_file(cluster):
+    """The controller's connection file for engines, or ``""``."""
+    controller = cluster.controller
+    return controller.connection_files.get("engine", "") if controller is not None else ""
+
+
 def end_event_thread(cluster):
     """Stop the event-loop thread ipyparallel starts for a Cluster's ``*_sync`` calls made where an event loop
     already runs (a Jupyter kernel), and close its loop: it is never stopped otherwise, and each world left a

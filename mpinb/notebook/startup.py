@@ -1,6 +1,7 @@
 """Starting a world: the controller and ``mpiexec`` launched, every rank registered, told its rank and connected
 to the cell channel; or a clear error naming what failed, with what the processes printed."""
 
+import json
 import logging
 import os
 import re
@@ -110,6 +111,9 @@ class Startup:
         config = Config()
         world.heartbeat_ms = int(world.heartbeat_choice or heartbeat_period(world.size))
         world.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
+        # on this host the ranks start while the controller does, and wait for this copy of its engine file:
+        # the controller writes its own in place, and an engine that read it half-written exited
+        self.engine_file = os.path.join(world.status_dir, "engine.json")
         environment = {"MPINB_STATUS_DIR": world.status_dir, **mpi.environment()}
         if world.loopback:
             environment.update(LOOPBACK_ENV)
@@ -124,7 +128,9 @@ class Startup:
         engines = world.placement.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
                                             engine_cmd=[sys.executable, "-m", "mpinb.rank.launch",
                                                         f"--IPEngine.enable_nanny={not local}",
-                                                        f"--IPEngine.wait_for_url_file={world.start_timeout:g}"],
+                                                        f"--IPEngine.wait_for_url_file={world.start_timeout:g}",
+                                                        *([f"--IPEngine.url_file={self.engine_file}"] if local
+                                                          else [])],
                                             environment=environment, workdir=world.status_dir)
         return ipyparallel.Cluster(
             engines=engines,
@@ -194,13 +200,20 @@ class Startup:
         destructor ('Task was destroyed but it is pending!')."""
         world = self.world
         deadline = time.monotonic() + world.start_timeout
-        while not all(os.path.exists(path) for path in ipp.connection_files(world.cluster)):
+        while not all(_written(path) for path in ipp.connection_files(world.cluster)):
             self._check_launchers()
             if time.monotonic() > deadline:
                 output = self._launcher_output()
                 raise start_failure(f"the ipyparallel controller wrote no connection file within "
                                     f"{world.start_timeout:g} s:\n{output}", output)
             time.sleep(0.02)
+        engine = ipp.engine_connection_file(world.cluster)
+        if engine and not os.path.exists(self.engine_file):  # the ranks' copy appears whole (os.replace)
+            partial = self.engine_file + ".partial"
+            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as copy:
+                with open(engine) as original:
+                    copy.write(original.read())
+            os.replace(partial, self.engine_file)
 
     def _wait_for_engines(self):
         """Wait for every rank to register. Time a batch job spends queued does not count against
@@ -309,6 +322,16 @@ class Startup:
             )
         world.engines = {who["rank"]: eid for eid, who in zip(view.targets, replies)}
         world.identities = {who["rank"]: who for who in replies}
+
+
+def _written(path):
+    """Whether the JSON file at *path* is there and whole."""
+    try:
+        with open(path) as file:
+            json.load(file)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _excerpt(text, head=16, tail=6):
