@@ -51,8 +51,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # before this directory: `hosts` is tests/hosts.py, not this file
 
-import pytest  # noqa: E402 - Hosts raises pytest.skip where this machine cannot build hosts
-from hosts import Hosts, wait_for  # noqa: E402
+from hosts import hosts_or_exit, setup_across, wait_for  # noqa: E402
 from results import publish  # noqa: E402
 
 MARK = "<!-- across hosts -->"
@@ -109,16 +108,6 @@ class Notebook:
         self.log.close()
 
 
-def across_hosts_setup(hosts):
-    """MPIMagics settings for ranks on hosts 1 and 2 only: a hostfile, Hydra's ssh options, --ip on host 0."""
-    hostfile = hosts.dir / "hostfile"
-    hostfile.write_text("".join(f"{hosts.names[i]}:{PER_HOST}\n" for i in RANK_HOSTS))
-    options = hosts.hydra_options(list(RANK_HOSTS))
-    where = options.index("-hosts")
-    del options[where:where + 2]  # the hostfile says where
-    return {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0], "mpiexec_args": options}
-
-
 def spread(values):
     """``(median, half the interquartile range)``."""
     quartiles = statistics.quantiles(values, n=4)
@@ -146,11 +135,7 @@ def main():
         Path(args.markdown).touch()  # publish() adds its section to the file
     load_start, started = os.getloadavg(), time.monotonic()
     times, exact, transports, left = {}, {}, {}, {}
-    try:
-        hosts_cm = Hosts(3)
-        hosts = hosts_cm.__enter__()
-    except pytest.skip.Exception as exc:
-        sys.exit(f"cannot build hosts on this machine: {exc}")
+    hosts = hosts_or_exit(3)
     try:
         notebooks, servers = [], []
         try:
@@ -161,7 +146,7 @@ def main():
                 servers.append(server)
                 if server.stdout.readline().strip() != "READY":
                     raise RuntimeError(f"the TCP peer on {hosts.names[i]} did not start")
-            across = Notebook(hosts, "across", across_hosts_setup(hosts))
+            across = Notebook(hosts, "across", setup_across(hosts, RANK_HOSTS, PER_HOST))
             notebooks.append(across)
             local = Notebook(hosts, "local", {})
             notebooks.append(local)
@@ -222,7 +207,7 @@ def main():
                     pass
                 left[hosts.names[i]] = hosts.pids_on(i)
     finally:
-        hosts_cm.__exit__(None, None, None)
+        hosts.close()
     elapsed, load_end = time.monotonic() - started, os.getloadavg()
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     ours_left = [ns for ns in hosts.namespaces + [hosts.switch] if ns in namespaces]

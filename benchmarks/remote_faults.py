@@ -32,8 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-import pytest  # noqa: E402 - Hosts raises pytest.skip where this machine cannot build hosts
-from hosts import Hosts, wait_for  # noqa: E402
+from hosts import hosts_or_exit, setup_across, wait_for  # noqa: E402
 from results import publish  # noqa: E402
 
 MARK = "<!-- remote faults -->"
@@ -44,17 +43,7 @@ LIMITS = {"killed, MPICH": 5.0, "killed, Open MPI": 5.0, "partition": 10.0}
 
 def notebook(hosts, steps, openmpi=False):
     """The notebook's side on h0 with *steps*, 2 ranks on each of h1 and h2 (as tests/test_multihost.py)."""
-    hostfile = hosts.dir / "hostfile"
-    if openmpi:
-        hostfile.write_text("".join(f"{hosts.names[i]} slots=2\n" for i in (1, 2)))
-        options, extra = hosts.openmpi_options(), {"default_mpi": "openmpi", "mpiexec": OPENMPI}
-    else:
-        hostfile.write_text("".join(f"{hosts.names[i]}:2\n" for i in (1, 2)))
-        options, extra = hosts.hydra_options([1, 2]), {}
-        where = options.index("-hosts")
-        del options[where:where + 2]
-    setup = {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0], "mpiexec_args": options,
-             **extra}
+    setup = setup_across(hosts, openmpi=OPENMPI if openmpi else None)
     return [sys.executable, str(DRIVER), json.dumps({"setup": setup, "steps": steps})]
 
 
@@ -113,11 +102,7 @@ def main():
     if Path(OPENMPI).exists():
         cases["killed, Open MPI"] = lambda h: killed(h, True)
     times, said = {name: [] for name in cases}, {}
-    try:
-        hosts_cm = Hosts(3)
-        hosts = hosts_cm.__enter__()
-    except pytest.skip.Exception as exc:
-        sys.exit(f"cannot build hosts on this machine: {exc}")
+    hosts = hosts_or_exit(3)
     try:
         for run in range(args.runs):
             for name, case in cases.items():
@@ -125,7 +110,7 @@ def main():
                 times[name].append(seconds)
                 print(f"run {run + 1}/{args.runs}, {name}: {seconds:.2f} s: {said[name]}", flush=True)
     finally:
-        hosts_cm.__exit__(None, None, None)
+        hosts.close()
     rows = ["| fault on h2 (2 ranks on each of h1, h2) | the cell's error after the fault, median (runs) | limit "
             "| median / limit | the error's line naming it |", "|---|---|---|---|---|"]
     for name, values in times.items():

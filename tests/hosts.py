@@ -382,6 +382,31 @@ class Hosts:
                 process.stderr.close()
 
 
+def setup_across(hosts, ranks=(1, 2), per_host=2, *, openmpi=None):
+    """``MPIMagics`` settings for a world of *per_host* ranks on each of *ranks*' hosts, the notebook on host 0:
+    a hostfile, the launcher's ssh options and ``--ip`` on host 0's address; Hydra's, or with *openmpi* (the path
+    of its ``mpiexec``) Open MPI's."""
+    hostfile = hosts.dir / "hostfile"
+    if openmpi:
+        hostfile.write_text("".join(f"{hosts.names[i]} slots={per_host}\n" for i in ranks))
+        options, extra = hosts.openmpi_options(), {"default_mpi": "openmpi", "mpiexec": openmpi}
+    else:
+        hostfile.write_text("".join(f"{hosts.names[i]}:{per_host}\n" for i in ranks))
+        options, extra = hosts.hydra_options(list(ranks)), {}
+        where = options.index("-hosts")
+        del options[where:where + 2]  # the hostfile says where
+    return {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0], "mpiexec_args": options,
+            **extra}
+
+
+def hosts_or_exit(n):
+    """For a script: *n* hosts built (leave them with ``close()``), or exit saying why this machine cannot."""
+    try:
+        return Hosts(n).__enter__()
+    except pytest.skip.Exception as exc:
+        raise SystemExit(f"cannot build hosts on this machine: {exc}") from None
+
+
 @pytest.fixture
 def make_hosts():
     """Fixture factory: ``hosts = make_hosts(3)`` builds hosts that are torn down when the test ends."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from hosts import Hosts, wait_for
+from hosts import Hosts, setup_across, wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -32,19 +32,10 @@ def hosts():
 
 def notebook(hosts, steps, *, ranks=(1, 2), per_host=2, **setup):
     """The command that runs the notebook's side on host 0 with *steps*, and ``per_host`` ranks on each of
-    *ranks*' hosts (a hostfile, Hydra's ssh options, and --ip on host 0's address); with ``default_mpi="openmpi"``
-    in *setup*, Debian's Open MPI and its ssh options."""
-    hostfile = hosts.dir / "hostfile"
-    if setup.get("default_mpi") == "openmpi":
-        hostfile.write_text("".join(f"{hosts.names[i]} slots={per_host}\n" for i in ranks))
-        options = hosts.openmpi_options()
-    else:
-        hostfile.write_text("".join(f"{hosts.names[i]}:{per_host}\n" for i in ranks))
-        options = hosts.hydra_options(list(ranks))
-        where = options.index("-hosts")
-        del options[where:where + 2]  # the hostfile says where
-    config = {"setup": {"launcher": "ssh", "hostfile": str(hostfile), "ip": hosts.addresses[0],
-                        "mpiexec_args": options, **setup}, "steps": steps}
+    *ranks*' hosts (``hosts.setup_across``: Hydra's, or with ``default_mpi="openmpi"`` in *setup* Debian's Open
+    MPI and its ssh options)."""
+    openmpi = setup.get("mpiexec") if setup.get("default_mpi") == "openmpi" else None
+    config = {"setup": {**setup_across(hosts, ranks, per_host, openmpi=openmpi), **setup}, "steps": steps}
     return [sys.executable, str(DRIVER), json.dumps(config)]
 
 
