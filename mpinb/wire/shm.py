@@ -54,6 +54,8 @@ class Segment:
     def write(self, buffers):
         """Copy *buffers* in; return their offsets. ``OSError`` (no space) leaves the segment as it was."""
         offsets, total = layout([b.nbytes for b in buffers])
+        if total == 0:  # empty arrays only: nothing to map (mmap refuses a length of 0)
+            return offsets
         if total > self.size:
             self._grow(total)
         target = np.frombuffer(self.map, dtype=np.uint8)
@@ -142,7 +144,7 @@ class Segments:
         on this mapping (or anything built on one) is dropped, ``(rank, lease)`` joins ``released``."""
         fd = self.files.get((rank, path))
         if fd is None:
-            fd = self.files[(rank, path)] = os.open(path, os.O_RDONLY)
+            fd = self.files[(rank, path)] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             Path(path).unlink(missing_ok=True)
         size = os.fstat(fd).st_size
         if size == 0 or not sizes:
