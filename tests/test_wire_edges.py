@@ -4,9 +4,12 @@ and files created where another user could have planted something."""
 import numpy as np
 import pytest
 import torch
+import zmq
 
 from mpinb.notebook.perrank import PerRank
-from mpinb.wire import shm
+from mpinb.wire import messages, shm
+from mpinb.wire.channel import Channel
+from mpinb.wire.kinds import Hello
 
 EMPTY = """
 import numpy as np
@@ -48,3 +51,59 @@ def test_empty_arrays_and_tensors_are_gathered_on_every_transport(how, world_of,
     assert [(v.shape, float(v)) for v in ip.user_ns["z"].values()] == [((), 0.5), ((), 1.5)]
     assert [(tuple(v.shape), int(v)) for v in ip.user_ns["z0"].values()] == [((), 0), ((), 1)]
     assert mpi("rank") == {0: 0, 1: 1}  # the world is as it was
+
+
+def forged(version=b"mpinb/999", sender=b"rank/0/inbox", number=1 << 40, payload=b"not a pickle"):
+    """What any local process can send to the channel's ports: a well-formed head with a signature that is not
+    the world key's."""
+    header = b"%s %s %d" % (version, sender, number)
+    return [b"\0" * messages.SIGNATURE + len(header).to_bytes(2, "little") + header + payload]
+
+
+def test_an_unsigned_message_changes_nothing_at_the_handshake():
+    """A stranger's message claiming another protocol version (or a huge number) is dropped unread: the ranks'
+    own hellos still get through, and no protocol mismatch is reported."""
+    channel = Channel(secret=b"session key")
+    context = zmq.Context.instance()
+    stranger, rank = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+    push = context.socket(zmq.PUSH)
+    try:
+        for sock, url in ((stranger, channel.cells_url), (rank, channel.cells_url), (push, channel.events_url)):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(url)
+        stranger.send_multipart(forged())
+        stranger.send_multipart(forged(version=b"mpinb/3", sender=b"rank/3/inbox"))  # our version, not our key
+        push.send_multipart(forged(sender=b"rank/3/outbox"))
+        push.send_multipart([b"short"])
+        rank.send_multipart(messages.Signer(channel.key, "rank/3/inbox").pack(Hello(3, "stacks")))
+        assert channel.wait_for_ranks([3], timeout=60) == {3: "stacks"}
+        assert channel.verifier.mismatch is None and channel.verifier.last == {b"rank/3/inbox": 1}
+    finally:
+        for sock in (stranger, rank, push):
+            sock.close()
+        channel.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_a_forged_message_to_a_running_world_is_dropped_and_cells_still_run(world_of, mpi):
+    world = world_of(2)
+    channel = world.channel
+    last = dict(channel.verifier.last)
+    context = zmq.Context.instance()
+    dealer, push = context.socket(zmq.DEALER), context.socket(zmq.PUSH)
+    try:
+        dealer.setsockopt(zmq.LINGER, 0)
+        push.setsockopt(zmq.LINGER, 0)
+        dealer.connect(channel.cells_url)
+        push.connect(channel.events_url)
+        dealer.send_multipart(forged())
+        push.send_multipart(forged(sender=b"rank/1/outbox"))
+        assert mpi("rank * 10") == {0: 0, 1: 10}
+        assert channel.verifier.mismatch is None
+        assert all(channel.verifier.last[s] > n for s, n in last.items() if s.endswith(b"/replies"))
+        assert channel.verifier.last.get(b"rank/0/inbox", 0) < 1 << 40
+        assert channel.verifier.last.get(b"rank/1/outbox", 0) < 1 << 40
+    finally:
+        dealer.close()
+        push.close()

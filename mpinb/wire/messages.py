@@ -112,8 +112,9 @@ class Verifier:
     def unpack_with_buffers(self, frames):
         """``(message, buffers)`` from *frames* (bytes or zmq frames), or ``None`` when dropped.
 
-        A message of another protocol version is dropped too, and ``mismatch`` says who sent it (the handshake
-        raises it as :class:`ProtocolMismatch`)."""
+        A signed message of another protocol version is dropped too, and ``mismatch`` says who sent it (the
+        handshake raises it as :class:`ProtocolMismatch`). The signature is checked before anything else is read:
+        what another process sends unsigned changes nothing here but the ``rejected`` count."""
         if not frames:
             self.rejected["malformed"] += 1
             return None
@@ -122,6 +123,11 @@ class Verifier:
         size = int.from_bytes(head[SIGNATURE:SIGNATURE + 2], "little")
         signature, header, payload = head[:SIGNATURE], head[SIGNATURE + 2:SIGNATURE + 2 + size], \
             head[SIGNATURE + 2 + size:]
+        # the signature first: nothing a message says (its version among it) is believed before it is checked
+        if len(head) < SIGNATURE + 2 or not hmac.compare_digest(bytes(signature),
+                                                                _sign(self.key, header, payload, buffers)):
+            self.rejected["unsigned"] += 1
+            return None
         try:
             version, sender, number = bytes(header).split(b" ")
             number = int(number)
@@ -134,9 +140,6 @@ class Verifier:
                 f"{_who(sender)} speaks the cell channel's protocol "
                 f"{version.decode(errors='replace')}, this notebook mpinb/{PROTOCOL}: install the same mpinb "
                 "version on every host")
-            return None
-        if not hmac.compare_digest(bytes(signature), _sign(self.key, header, payload, buffers)):
-            self.rejected["unsigned"] += 1
             return None
         if number <= self.last.get(sender, 0):
             self.rejected["replayed"] += 1
