@@ -26,7 +26,8 @@ def test_the_batch_launchers_still_submit_and_cancel_through_run_command():
     for method in (BatchSystemLauncher.start, BatchSystemLauncher.stop):
         assert "self._run_command(" in inspect.getsource(method), (
             f"BatchSystemLauncher.{method.__name__} no longer calls _run_command: a refused job's reason is lost")
-    assert ipp.batch_launcher("slurm").__mro__[1].__name__ == "SlurmEngineSetLauncher"
+    launcher = ipp.batch_launcher("slurm")
+    assert launcher.config_section == launcher.__bases__[-1].__name__ == "SlurmEngineSetLauncher"
 
 
 def test_a_clusters_event_loop_thread_is_still_where_mpinb_stops_it():

@@ -1,11 +1,15 @@
 """Edges of what notebook and ranks exchange: empty values, bytes that are not UTF-8, messages nobody signed,
 and files created where another user could have planted something."""
 
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import zmq
 
+from mpinb.notebook import ipp
 from mpinb.notebook.perrank import PerRank
 from mpinb.wire import messages, shm
 from mpinb.wire.channel import Channel
@@ -107,3 +111,39 @@ def test_a_forged_message_to_a_running_world_is_dropped_and_cells_still_run(worl
     finally:
         dealer.close()
         push.close()
+
+
+NOT_UTF8 = r"""
+import os, sys
+os.write(1, b'fd1 \xff end\n')
+print('name', os.fsdecode(b'\xff'))
+sys.stdout.buffer.write(b'buffer \xff\xe2\x82\xac\n')
+sys.stderr.write('stderr \udcfe\n')
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_bytes_that_are_not_utf8_show_as_replacement_characters(world_of, ip, mpi, capsys, caplog):
+    """In a cell's own output, labelled by rank; on the ranks' descriptor 1 (mpiexec's output), read at a stop
+    without a traceback or a warning."""
+    world = world_of(2)
+    capsys.readouterr()
+    mpi(NOT_UTF8)
+    out, err = capsys.readouterr()
+    for rank in (0, 1):
+        assert f"[rank {rank}] name \ufffd\n" in out and f"[rank {rank}] buffer \ufffd\u20ac\n" in out
+        assert f"[rank {rank}] stderr \ufffd\n" in err
+    paths = [ipp.output_file(launcher) for launcher in world.cluster.engines.values()]
+    deadline = time.monotonic() + 60
+    while sum(Path(path).read_bytes().count(b"fd1 \xff end") for path in paths) < 2:  # mpiexec forwards it
+        assert time.monotonic() < deadline, "the ranks' descriptor 1 never reached mpiexec's output"
+        time.sleep(0.1)
+    launcher = next(iter(world.cluster.engines.values()))
+    assert launcher.get_output().count("fd1 \ufffd end") == 2
+    caplog.clear()
+    ip.run_line_magic("mpi", "stop")
+    out, err = capsys.readouterr()
+    said = out + err + "\n".join(record.getMessage() for record in caplog.records)
+    assert "decode" not in said and "Traceback" not in said and not any(r.exc_info for r in caplog.records)
+    assert "stopped" in out

@@ -8,8 +8,10 @@ defines them (local processes, batch jobs), and connection files from the contro
 
 import shlex
 import subprocess
+from pathlib import Path
 
-from ipyparallel.cluster.launcher import BatchSystemLauncher, LocalProcessLauncher, find_launcher_class
+from ipyparallel.cluster.launcher import (BatchSystemLauncher, LocalProcessLauncher, MPIEngineSetLauncher,
+                                          find_launcher_class)
 
 from ..errors import BadArguments
 
@@ -60,6 +62,39 @@ def end_event_thread(cluster):
     cluster._async_thread = cluster._thread_loop = None
 
 
+class ReadsAnyBytes:
+    """``get_output`` that reads what the launched processes printed as UTF-8 with replacement characters.
+
+    ipyparallel reads a launcher's output file strictly: one byte that is not UTF-8, which a rank's C code or
+    ``os.write(1, b"\\xff")`` sends through mpiexec, raised ``UnicodeDecodeError`` from the launcher's stop
+    callback (logged by tornado) and from ``%mpi stop``. Read once and kept, as ipyparallel does; *remove*
+    (by default for batch jobs, as there) deletes the file."""
+
+    _read_output = None
+
+    def get_output(self, remove=None):
+        path = self.output_file
+        if self._read_output is None:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as output:
+                    self._read_output = output.read()
+            except OSError:  # not written (yet), or no file at all
+                self._read_output = ""
+        if path and (isinstance(self, BatchSystemLauncher) if remove is None else remove):
+            try:
+                Path(path).unlink(missing_ok=True)
+            except OSError as exc:  # as ipyparallel: a file another process holds is not worth a failure
+                self.log.error("Failed to remove %s: %s", path, exc)
+        return self._read_output
+
+
+class MPIEngines(ReadsAnyBytes, MPIEngineSetLauncher):
+    """ipyparallel's ``mpi`` engine launcher (``mpiexec`` on this host), its output read as
+    :class:`ReadsAnyBytes` reads it."""
+
+    entrypoint_name = "mpi"
+
+
 def batch_launcher(name):
     """ipyparallel's engine-set launcher called *name*, saying why when the scheduler refuses the job.
 
@@ -68,8 +103,9 @@ def batch_launcher(name):
     """
     base = find_launcher_class(name, "engine")
 
-    class Launcher(base):
+    class Launcher(ReadsAnyBytes, base):
         entrypoint_name = name
+        config_section = base.__name__  # the ipyparallel class whose settings it takes
 
         def _run_command(self, command, **kwargs):
             self.log.debug("Running command: %s", shlex.join(command))

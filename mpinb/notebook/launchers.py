@@ -141,9 +141,9 @@ class Placement:
             config.MPILauncher.mpi_args = args
             config.MPIEngineSetLauncher.engine_cmd = engine_cmd
             config.MPIEngineSetLauncher.environment = environment
-            return "mpi"
+            return ipp.MPIEngines
         launcher = ipp.batch_launcher(self.launcher)
-        section = getattr(config, launcher.__mro__[1].__name__)
+        section = getattr(config, launcher.config_section)
         section.engine_cmd = engine_cmd
         section.environment = environment
         section.batch_template = self.job_script(mpiexec=mpiexec, mpiexec_args=args)

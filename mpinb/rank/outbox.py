@@ -1,9 +1,11 @@
 """The rank's way back to the notebook: one thread and one socket that send a cell's output (coalesced),
 ``mpinb.report()`` records, trace spans and debugger prompts in the order they were made, then its reply."""
 
+import codecs
 import enum
 import io
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -63,11 +65,44 @@ class Ask:
     prompt: str
 
 
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def readable(text):
+    """*text* with each lone surrogate as U+FFFD: that is how Python keeps a byte that was not UTF-8 (a file
+    name through ``os.fsdecode``), and no encoding lets it travel or be shown."""
+    text = str(text)
+    return text if text.isascii() else _SURROGATES.sub("\ufffd", text)
+
+
+class BytesStream(io.RawIOBase):
+    """``sys.stdout.buffer``: bytes decoded as UTF-8, what is not UTF-8 shown as U+FFFD, written to *text*."""
+
+    def __init__(self, text):
+        self.text, self.decoder = text, codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        data = memoryview(data).cast("B")
+        self.text.write(self.decoder.decode(data))
+        return data.nbytes
+
+
 class ChannelStream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` while a cell runs: text goes to the outbox, tagged with the cell."""
+    """``sys.stdout``/``sys.stderr`` while a cell runs: text goes to the outbox, tagged with the cell; bytes
+    written to its ``buffer`` too, as text."""
 
     def __init__(self, outbox, cell_id, name, original):
         self.outbox, self.cell_id, self.name, self.original = outbox, cell_id, name, original
+        self._buffer = None
+
+    @property
+    def buffer(self):
+        if self._buffer is None:
+            self._buffer = BytesStream(self)
+        return self._buffer
 
     @property
     def encoding(self):
@@ -78,9 +113,10 @@ class ChannelStream(io.TextIOBase):
 
     def write(self, text):
         if text:
-            self.outbox.put(Output(self.cell_id, self.name, str(text)))
+            shown = readable(text)
+            self.outbox.put(Output(self.cell_id, self.name, shown))
             if self.name == "stderr":
-                stacks.note_stderr(str(text))
+                stacks.note_stderr(shown)
         return len(text)
 
     def fileno(self):
