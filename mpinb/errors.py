@@ -98,3 +98,11 @@ class GatherError(MpinbError):
 
     def _render_traceback_(self):
         return [f"GatherError: {self}"]
+
+
+class StartInterrupted(KeyboardInterrupt):
+    """A Stop ended a world's start at a safe point: what the start had launched is stopped (nothing is left
+    running), and the message says so in one line instead of the frames the start was in."""
+
+    def _render_traceback_(self):
+        return [f"\x1b[1;31mKeyboardInterrupt\x1b[0m: {self}"]

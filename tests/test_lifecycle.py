@@ -92,6 +92,7 @@ def test_status_as_text_in_a_terminal(ip, world_of, capsys):
     out = capsys.readouterr().out
     assert "MPI world of 2 ranks (MPICH" in out
     lines = out[out.index("MPI world of 2 ranks (MPICH"):].strip().splitlines()
+    assert lines[0].endswith("; idle")  # the world's lifecycle state
     assert lines[1] == f"{socket.gethostname()}: ranks 0-1"  # which ranks run on which host
     assert lines[2].split() == ["rank", "host", "pid", "threads", "state"]
     for rank, line in zip(world.ranks, lines[3:]):

@@ -4,7 +4,12 @@ cell when one of them says so, and letting ranks stuck in MPI out afterwards."""
 
 import time
 
+from IPython.core.error import StdinNotImplementedError
+
 from ..errors import RankLost
+from ..wire.ranks import label_ranks
+from . import stops
+from .lifecycle import State
 from ..wire.kinds import Input, Metrics, Out, Reply, Settled, TraceSpans, Waiting, Where
 from .diagnose import capture_stacks
 from .mismatch import MismatchWatch, after_cell, at_death
@@ -24,6 +29,8 @@ class CellRun:
         self.ranks, self.printer = result.ranks, settings.printer
         self.replies = {}
         self.interrupted = self.give_up_at = self.first_failure = self.death_seen = None
+        self.stops_seen = 0  # Stops pressed during this cell that were acted on
+        self.no_stdin = False  # the front end answers no prompts (nbclient, papermill): debuggers go on
         self.line = None  # the progress line of a recovery under way
         self.channel = world.channel
         self.watch = (MismatchWatch(self.channel, self.ranks, code, world=world, after=settings.collective_wait)
@@ -35,26 +42,55 @@ class CellRun:
         return [rank for rank in self.ranks if rank not in self.replies]
 
     def run(self, options):
-        """Send the cell with *options*, wait for every rank (or give up on the stuck), return the result."""
+        """Send the cell with *options*, wait for every rank (or give up on the stuck), return the result.
+
+        A Stop is acted on between messages, never half-way through one: the first interrupts the cell, the
+        second says what is still awaited and for how long, the third stops waiting (``result.ended``: the
+        caller ends the world)."""
         settings, now = self.settings, time.monotonic()
         self.started = time.perf_counter()
-        self.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number, options)
-        self.deadline = now + settings.timeout if settings.timeout else None
-        self.check_liveness_at = now + settings.liveness_every
-        metrics = settings.metrics
-        wait = settings.liveness_every if metrics is None else min(settings.liveness_every, metrics.refresh_interval)
-        while len(self.replies) < len(self.ranks):
-            try:
-                for message in self.channel.receive(wait):
-                    self.handle(message)
-                if self.tick(time.monotonic()):
+        self.world.lifecycle.move(State.RUNNING)
+        with stops.deferred():
+            self.pressed = stops.presses()
+            self.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number, options)
+            self.deadline = now + settings.timeout if settings.timeout else None
+            self.check_liveness_at = now + settings.liveness_every
+            metrics = settings.metrics
+            wait = settings.liveness_every if metrics is None else min(settings.liveness_every,
+                                                                       metrics.refresh_interval)
+            while len(self.replies) < len(self.ranks):
+                try:
+                    for message in self.channel.receive(wait):
+                        self.handle(message)
+                except KeyboardInterrupt:  # a Stop at a prompt (the only place one raises): counted already
+                    pass
+                if self.tick(time.monotonic()) or self.check_stops():
                     break
-            except KeyboardInterrupt as exc:
-                if self.interrupted is not None:
-                    break  # a second interrupt: stop waiting at once
-                self.interrupted = exc
-                self.stop("interrupt")
         return self.finish()
+
+    def check_stops(self):
+        """Act on the Stops pressed since the last look; whether to stop waiting (the third)."""
+        pressed = stops.presses() - self.pressed
+        if pressed <= self.stops_seen:
+            return False
+        self.stops_seen = pressed
+        if self.interrupted is None:
+            self.interrupted = KeyboardInterrupt()
+        if self.result.trouble is None:
+            self.stop("interrupt")
+            return False
+        if pressed >= 3:
+            self.result.ended = f"Stop pressed {pressed} times"
+            return True
+        self.printer.finish()
+        pending = self.pending
+        left = max(0.0, (self.give_up_at or time.monotonic()) - time.monotonic())
+        what = self.recovery.stage(self.replies) if self.recovery is not None and self.recovery.plan else \
+            "to answer the interrupt"
+        print(f"[mpinb] still waiting for {label_ranks(pending)} {what} (at most {left:.0f} s more, then the "
+              f"world is restarted); press Stop again to end the world now (every rank's variables are lost)",
+              flush=True)
+        return False
 
     def handle(self, message):
         """One message from a rank: output, metrics, a roll-call answer, a prompt, trace spans or the reply."""
@@ -74,7 +110,7 @@ class CellRun:
         elif isinstance(message, Settled) and recovery is not None:
             recovery.feed(message)
         elif isinstance(message, Input) and message.cell_id == self.cell_id:  # a debugger on a rank asks
-            _ask(self.channel, self.printer, message.rank, message.prompt)
+            self.ask(message.rank, message.prompt)
         elif isinstance(message, TraceSpans) and settings.trace is not None and message.cell_id == self.cell_id:
             settings.trace.add(message.rank, message.spans, message.dropped, message.clocks)
         elif isinstance(message, Reply) and message.cell_id == self.cell_id:
@@ -90,6 +126,32 @@ class CellRun:
             early = capture_stacks(self.world, pending) if pending and self.settings.abort_grace is not None else {}
             if early and all(stack.in_communication(self.code) for stack in early.values()):
                 self.stop("failure", early)  # they wait for the failed rank: no point in waiting for them
+
+    def ask(self, rank, prompt):
+        """Show a rank's debugger prompt through the kernel's stdin (as ``input()`` does) and send the answer back;
+        end of input ends its session, and the Stop button ends it before stopping the cell. A front end that
+        answers no prompts (``allow_stdin=False``: nbclient, papermill) makes every debugger of the cell go on
+        (``c``), said once."""
+        channel = self.channel
+        self.printer.finish()
+        if self.no_stdin:
+            channel.send_stdin(rank, "c")
+            return
+        try:
+            with stops.raising():
+                line = input(prompt)
+        except EOFError:
+            line = None
+        except StdinNotImplementedError:
+            self.no_stdin = True
+            print(f"[mpinb] rank {rank} reached a debugger (breakpoint() or pdb), but this front end answers no "
+                  "prompts (it sent allow_stdin=False, as nbclient and papermill do): the ranks go on without "
+                  "stopping there; run the cell in JupyterLab, Notebook or IPython to debug it", flush=True)
+            line = "c"
+        except KeyboardInterrupt:
+            channel.send_stdin(rank, None)
+            raise
+        channel.send_stdin(rank, line)
 
     def tick(self, now):
         """The checks between messages; whether to give up waiting for the ranks left."""
@@ -150,6 +212,7 @@ class CellRun:
         communication do not answer an interrupt: when all of them do, they are given up on at once."""
         result, settings, pending = self.result, self.settings, self.pending
         result.trouble = reason
+        self.world.lifecycle.move(State.RECOVERING)
         stacks = dict(stacks or {})
         missing = [rank for rank in pending if rank not in stacks]
         result.stacks = {**capture_stacks(self.world, missing), **stacks} if missing else stacks
@@ -181,6 +244,10 @@ class CellRun:
         result.finished = [rank for rank in self.ranks if rank not in result.errors]
         for name, values in result.gathered.items():  # rank order, whatever order the replies came in
             result.gathered[name] = PerRank(sorted(values.items()))
+        if result.first_death is not None:
+            self.world.lifecycle.move(State.DEAD)
+        elif not (result.stuck or result.ended or result.inconsistent):
+            self.world.lifecycle.move(State.IDLE)  # else the caller ends or restarts the world
         if self.interrupted is not None:
             self.interrupted.mpinb_result = result  # where each rank was, for whoever handles the interrupt
             raise self.interrupted
@@ -213,6 +280,7 @@ class CellRun:
             result.mismatch = after_cell(self.replies, self.ranks)
             if result.mismatch is not None:
                 result.trouble = "mismatch"
+                result.inconsistent = result.mismatch  # what MPI moved is still in flight: the world must restart
                 for rank in self.ranks:
                     result.errors[rank] = {"ename": "CollectiveMismatch", "evalue": result.mismatch, "traceback": []}
 
@@ -228,17 +296,3 @@ def _unpack_gathered(world, result, rank, reply):
             else:
                 result.gathered.setdefault(name, PerRank())[owner] = value
                 result.gather_stats.setdefault(name, {})[owner] = stats
-
-
-def _ask(channel, printer, rank, prompt):
-    """Show a rank's debugger prompt through the kernel's stdin (as ``input()`` does) and send the answer back;
-    end of input ends its session, and the Stop button ends it before stopping the cell."""
-    printer.finish()
-    try:
-        line = input(prompt)
-    except EOFError:
-        line = None
-    except KeyboardInterrupt:
-        channel.send_stdin(rank, None)
-        raise
-    channel.send_stdin(rank, line)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import BadArguments, MPIError
-from . import ipp, leftovers, status
+from ..errors import BadArguments, MPIError, StartInterrupted
+from . import ipp, leftovers, status, stops
 from .launchers import Placement
+from .lifecycle import Lifecycle, State
 from .reaper import alive, end_processes, remove_world_files, signal_all
 from .startup import PortTaken, Startup
 
@@ -126,6 +127,7 @@ class World:
         self.receiver = None  # the notebook's end of the ranks' shared-memory segments (--gather)
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
+        self.lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
         self._reaper = None
         self._processes = []
         self._shared_files = set()
@@ -140,6 +142,12 @@ class World:
     @property
     def ranks(self):
         return sorted(self.engines)
+
+    @property
+    def state(self):
+        """Where the world is in its lifecycle (``lifecycle.State``): stopped, starting, idle, running,
+        recovering, stopping or dead."""
+        return self.lifecycle.state
 
     def start(self):
         """Launch the controller and ``mpiexec -n size`` engines; return ``self`` once every rank answers.
@@ -156,8 +164,17 @@ class World:
     def stop(self, *, kill=False):
         """Stop every process this world started; those that do not exit in time are killed by pid.
 
-        *kill* kills the ranks at once (they are known to be stuck, so waiting for them is pointless).
+        *kill* kills the ranks at once (they are known to be stuck, so waiting for them is pointless). A Stop
+        (SIGINT) meanwhile waits for it: a stop cut half-way would leave processes nobody can end.
         """
+        with stops.deferred():
+            self.lifecycle.move(State.STOPPING)
+            try:
+                self._stop(kill)
+            finally:
+                self.lifecycle.move(State.STOPPED)
+
+    def _stop(self, kill):
         cluster, client, channel = self.cluster, self.client, self.channel
         self.cluster = self.client = self.channel = None
         if channel is not None:
@@ -205,11 +222,20 @@ class World:
         _live_worlds.discard(self)
 
     def restart(self, size=None, *, kill=False):
-        """Stop this world and start a fresh one (same size unless *size* is given); returns ``self``."""
+        """Stop this world and start a fresh one (same size unless *size* is given); returns ``self``.
+
+        A Stop while the world stops lets the stop finish and starts nothing; a Stop while it starts rolls the
+        start back; either way :class:`~mpinb.errors.StartInterrupted` says so, and no world is running."""
         size = self.size if size is None else check_size(size, self.placement)  # before anything is stopped
-        self.stop(kill=kill)
-        self.size = size
-        return self.start()
+        with stops.deferred():
+            pressed = stops.presses()
+            self.stop(kill=kill)
+            self.size = size
+            if stops.presses() > pressed:
+                self.lifecycle.ended = "its restart was interrupted"
+                raise StartInterrupted(f"the restart was interrupted while the world stopped: its {self.size} ranks "
+                                       "are stopped and none was started, so no world is running")
+            return self.start()
 
     # ------------------------------------------------------------------ use
 

@@ -34,6 +34,8 @@ class CellResult:
     mismatch: str = None  # the mismatched collective that made mpinb stop the cell
     recovered: str = None  # how ranks stuck in MPI were let out (the world and its variables kept)
     unrecoverable: str = None  # why ranks stuck in MPI could not be let out
+    ended: str = None  # why the user ended the world during the cell (Stop pressed three times)
+    inconsistent: str = None  # what MPI completed that leaves the world unusable (mismatched collectives)
 
     @property
     def ok(self):

@@ -58,11 +58,18 @@ class Inspecting:
         return self._running_world().view
 
     def show_status(self):
-        if self.world is None or not self.world.running:
-            print("no MPI world is running: %mpi start -n N starts one")
+        world = self.world
+        if world is None or not world.running:
+            if world is not None and world.lifecycle.ended:  # ended without being asked to: say why, and what next
+                print(f"no MPI world is running: the last one, of {world.size} rank{'s' if world.size != 1 else ''},"
+                      f" stopped because {world.lifecycle.ended}; the next %%mpi starts {world.size} again "
+                      "(%mpi start -n N: another size)")
+            else:
+                print("no MPI world is running: %mpi start -n N starts one")
             return
-        rows = self.world.status()
-        header = self.world.describe()
+        rows = world.status()
+        first, _, rest = world.describe().partition("\n")
+        header = f"{first}; {world.state}\n{rest}"  # its lifecycle state: idle between cells
         if in_notebook(self.shell):
             display({"text/html": status_html(rows, header), "text/plain": status_text(rows, header)}, raw=True)
         else:

@@ -11,10 +11,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
-from ..errors import BadArguments, NoMPI
+from ..errors import BadArguments, NoMPI, StartInterrupted
 from ..widgets import views
 from ..wire.ranks import parse_ranks
-from . import arguments
+from . import arguments, stops
 from .cluster import World, check_size
 from .frontend import in_notebook
 from .history import History
@@ -192,7 +192,12 @@ class MPIMagics(Running, Inspecting, Magics):
                    time_limit=args.time, account=args.account, scheduler_args=args.scheduler_arg)
 
     def _command_stop(self, args):
-        self.stop()
+        with stops.deferred():
+            pressed = stops.presses()
+            self.stop()
+            if stops.presses() > pressed:
+                print("[mpinb] Stop was pressed while the world stopped: stopping finished first, and every process "
+                      "of the world has ended")
 
     def _command_restart(self, args):
         self.restart(n=args.n)
@@ -241,7 +246,8 @@ class MPIMagics(Running, Inspecting, Magics):
         timeout = self.timeout if args.timeout is None else args.timeout
         if not math.isfinite(timeout) or timeout < 0:
             raise UsageError(f"--timeout takes seconds, a number of at least 0 (0: no limit), not {timeout:g}")
-        self.ensure_world(n=args.n)
+        with stops.deferred():  # a Stop while the world starts rolls the start back, said in one line
+            self.ensure_world(n=args.n)
         ranks = None
         if args.ranks is not None:
             try:
@@ -249,7 +255,7 @@ class MPIMagics(Running, Inspecting, Magics):
             except ValueError as exc:
                 raise UsageError(f"--ranks: {exc}") from None
         stream = self.stream if args.stream is None else args.stream
-        result = self.run(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect,
+        result = self._run_deferred(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect,
                           timeout=timeout, trace=args.trace)
         if result.values:
             return result.values
@@ -282,12 +288,26 @@ class MPIMagics(Running, Inspecting, Magics):
             threads=self.threads_per_rank,
             progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
         )
-        self.world = _timed_start(world.start)
+        self.world = world  # also when its start is interrupted: the next %%mpi starts it again, of this size
+        try:
+            _timed_start(world.start)
+        except StartInterrupted:
+            raise
+        except BaseException:
+            self.world = None  # a start that failed is not tried again by itself
+            raise
         self.history = History()
         return world
 
+    def _run_deferred(self, cell, **options):
+        """:meth:`run` with Stops acted on at its safe points (a Stop between them, while results are shown, is
+        too late to stop anything and is let go)."""
+        with stops.deferred():
+            return self.run(cell, **options)
+
     def stop(self):
         if self.world is None or not self.world.running:
+            self.world = None  # a world that ended by itself is forgotten too: the next start takes -n or the default
             print("no MPI world is running")
             return
         size = self.world.size
@@ -296,6 +316,8 @@ class MPIMagics(Running, Inspecting, Magics):
         print(f"MPI world of {size} rank{'s' if size != 1 else ''} stopped")
 
     def restart(self, *, n=None):
+        """Fresh ranks (of *n*, or as many as before); also for a world that ended by itself (a rank died, three
+        Stops, an interrupted start)."""
         if self.world is None:
             raise UsageError("no MPI world to restart: %mpi start -n N starts one")
         _timed_start(lambda: self.world.restart(size=n))
@@ -312,6 +334,12 @@ class MPIMagics(Running, Inspecting, Magics):
                     f"(all rank variables are lost), or drop -n to use the running world"
                 )
             return self.world
+        world = self.world
+        if world is not None and world.lifecycle.ended and n in (None, world.size):
+            # the world ended without being asked to (three Stops, an interrupted restart): the same world again
+            _timed_start(world.start)
+            self.history = History()
+            return world
         return self.start(n=n)
 
     def _view(self):

@@ -46,7 +46,8 @@ def stopped(result, rank, code, timeout, grace, *, answered):
     else:
         why = "interrupted"
     ename = {"timeout": "Timeout", "interrupt": "KeyboardInterrupt", "failure": "Aborted"}[result.trouble]
-    tail = "" if answered else f"; did not answer the interrupt within {grace:g} s (stuck in C or MPI)"
+    tail = "" if answered else f"; {result.ended}, before it answered the interrupt" if result.ended else \
+        f"; did not answer the interrupt within {grace:g} s (stuck in C or MPI)"
     frames = ["Where it was (most recent call last):\n" + stack.text() + "\n"] if stack is not None and stack.frames \
         else []
     return {"ename": ename, "evalue": f"{why}, {where}{tail}", "traceback": frames}

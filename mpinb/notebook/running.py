@@ -5,7 +5,7 @@ gathered values assigned in the notebook, and what to do when ranks stayed stuck
 
 import sys
 
-from ..errors import Interrupted
+from ..errors import Interrupted, MPIError, StartInterrupted
 from ..widgets import views
 from . import execute
 from .frontend import colored, in_notebook
@@ -77,22 +77,43 @@ class Running:
         return result
 
     def _recover(self, result):
-        """Restart the world when ranks stayed stuck after an interrupt; return what to tell the user (the cell's
-        error says it, once: it is not printed as well)."""
+        """Make the world usable again after *result*: keep it, end it (Stop pressed three times) or restart it
+        (ranks stuck after the interrupt, or a world MPI left inconsistent); return what to tell the user (the
+        cell's error says it, once: it is not printed as well)."""
+        from ..wire.ranks import label_ranks
+
+        size = self.world.size
+        if result.ended:
+            self.world.stop(kill=True)
+            self.world.lifecycle.ended = f"{result.ended} during a cell, which ended it"
+            return [f"{result.ended}: the world of {size} ranks was ended (its ranks killed, every rank's variables "
+                    f"gone); the next %%mpi starts {size} fresh ranks"]
+        if result.inconsistent:
+            return [self._restart("MPI completed collectives that did not match, which leaves messages in flight "
+                                  "that later calls would receive", kill=False)]
         if not result.stuck:
             if not result.recovered:
                 return []
             return [f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
                     "rank's variables are kept (the values that call left are not meaningful)"]
-        from ..wire.ranks import label_ranks
-
-        size = self.world.size
         why = f" ({result.unrecoverable})" if result.unrecoverable else ""
-        note = (f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}, so the world "
-                f"was restarted with {size} fresh ranks: every rank's variables are gone; the notebook's variables "
-                "and mpinb.metrics() are kept")
-        self.world.restart(kill=True)
-        return [note]
+        return [self._restart(f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}",
+                              kill=True)]
+
+    def _restart(self, why, *, kill):
+        """Restart the world because of *why*; return the note that says so, or what happened instead when the
+        restart did not complete."""
+        size = self.world.size
+        try:
+            self.world.restart(kill=kill)
+        except StartInterrupted:
+            return (f"{why}, so the world was stopped; its restart was interrupted, so no world is running: the next "
+                    f"%%mpi starts {size} fresh ranks")
+        except MPIError as exc:
+            self.world.lifecycle.ended = f"its restart failed: {exc}"
+            return f"{why}, so the world was stopped, and its restart failed: {exc}"
+        return (f"{why}, so the world was restarted with {size} fresh ranks: every rank's variables are gone; the "
+                "notebook's variables and mpinb.metrics() are kept")
 
     def _transport(self, ranks):
         transport = self.gather_transport

@@ -9,13 +9,14 @@ import sys
 import tempfile
 import time
 
-from ..errors import BadArguments, MPIError
+from ..errors import BadArguments, MPIError, StartInterrupted
 from ..rank import agent
 from ..rank import world as rank_world
 from ..wire.channel import Channel
-from . import ipp, mpis
+from . import ipp, mpis, stops
 from .gather import Receiver
 from .launchers import SlurmJob, is_this_host
+from .lifecycle import State
 from .reaper import alive
 
 # Keep MPI's own traffic on loopback too (libfabric's tcp/sockets providers, UCX), unless asked otherwise.
@@ -73,25 +74,50 @@ class Startup:
 
     def run(self, registry):
         """Launch, wait for every rank, connect; on any failure stop what started and raise. The world joins
-        *registry* (the worlds stopped at exit) as soon as there is something to stop."""
+        *registry* (the worlds stopped at exit) as soon as there is something to stop.
+
+        A Stop is acted on at the start's safe points (between its steps, and while it waits): what started is
+        stopped, and :class:`~mpinb.errors.StartInterrupted` says so; it never lands inside ipyparallel."""
         world = self.world
-        world.cluster = self._cluster()
-        registry.add(world)  # stopped at exit from now on
-        self.line = self._progress_line()
-        try:
-            self._launch()
-            self._register()
-            self._connect()
-        except BaseException:
-            self._end_line()
-            world.stop()
-            raise
+        world.lifecycle.move(State.STARTING)
+        self.doing = "preparing the start"
+        with stops.deferred():
+            self.pressed = stops.presses()
+            try:
+                world.cluster = self._cluster()
+                registry.add(world)  # stopped at exit from now on
+                self.line = self._progress_line()
+                for step in (self._launch, self._register, self._connect):
+                    self._check_stop()
+                    step()
+                self._check_stop()
+            except BaseException as exc:
+                self._end_line()
+                world.stop()
+                if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, StartInterrupted):
+                    exc = self._interrupted()  # a Stop in code that raises as usual (a batch job's commands)
+                if isinstance(exc, StartInterrupted):
+                    world.lifecycle.ended = "its start was interrupted"
+                    raise exc from None
+                raise
         self._end_line()
         # from now on mpinb reports what happens to the ranks itself; ipyparallel would add a warning with every
         # engine's start-up log whenever mpiexec ends non-zero (a rank died, or the world was stopped)
         world.cluster.log.setLevel(logging.ERROR)
         world.started_at = time.time()
+        world.lifecycle.move(State.IDLE)
+        world.lifecycle.ended = None
         return world
+
+    def _check_stop(self):
+        """A safe point: raise :class:`StartInterrupted` if Stop was pressed since the start began."""
+        if stops.presses() > self.pressed:
+            raise self._interrupted()
+
+    def _interrupted(self):
+        n = self.world.size
+        return StartInterrupted(f"the start of {n} rank{'s' if n != 1 else ''} was interrupted while "
+                                f"{self.doing}: everything it had launched is stopped, so no world is running")
 
     def _cluster(self):
         """The ``ipyparallel.Cluster`` of this start, configured, nothing launched yet."""
@@ -190,9 +216,11 @@ class Startup:
                            "CurveZMQ is off): set a Session key or IPController.enable_curve in its config")
         world.channel = Channel(world.ip, secret=None if encrypted else world.client.session.key)
         world.receiver = Receiver()
-        self.everyone.apply_sync(agent.start, cells=world.channel.cells_url, events=world.channel.events_url,
-                                 salt=world.channel.salt, key=world.channel.sent_key, encrypt=world.channel.encrypt)
-        world.stack_files = world.channel.wait_for_ranks(world.ranks, timeout=world.start_timeout)
+        self._wait_for(self.everyone.apply_async(
+            agent.start, cells=world.channel.cells_url, events=world.channel.events_url, salt=world.channel.salt,
+            key=world.channel.sent_key, encrypt=world.channel.encrypt))
+        world.stack_files = world.channel.wait_for_ranks(world.ranks, timeout=world.start_timeout,
+                                                         check=self._check_stop)
 
     def _wait_for_controller(self):
         """Wait here for the controller's connection files, which ipyparallel's client waits for in a coroutine
@@ -201,6 +229,7 @@ class Startup:
         world = self.world
         deadline = time.monotonic() + world.start_timeout
         while not all(_written(path) for path in ipp.connection_files(world.cluster)):
+            self._check_stop()
             self._check_launchers()
             if time.monotonic() > deadline:
                 output = self._launcher_output()
@@ -228,6 +257,7 @@ class Startup:
                 self._say(what, up, world.size, force=up >= world.size)
             if up >= world.size:
                 return
+            self._check_stop()
             self._check_launchers()
             if world.job is not None and time.monotonic() - polled > 0.5:
                 polled = time.monotonic()
@@ -245,6 +275,17 @@ class Startup:
                     f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{output}", output)
             time.sleep(0.02)
 
+    def _wait_for(self, pending):
+        """The result of ipyparallel's *pending* request, waited for in short slices with a safe point between
+        them; ``TimeoutError`` after ``start_timeout``."""
+        deadline = time.monotonic() + self.world.start_timeout
+        while not pending.ready():
+            self._check_stop()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the ranks did not answer within {self.world.start_timeout:g} s")
+            pending.wait(0.05)
+        return pending.get()
+
     def _progress_line(self):
         progress = self.world.progress
         if progress is True:
@@ -254,6 +295,7 @@ class Startup:
         return progress() if callable(progress) else None
 
     def _say(self, text, done=None, total=None, *, force=False):
+        self.doing = text if done is None else f"{done} of {total} {text}"
         if self.line is not None:
             self.line.update(text, done, total, force=force)
 
@@ -310,7 +352,7 @@ class Startup:
 
     def _learn_ranks(self, view):
         world = self.world
-        replies = view.apply_async(rank_world.init_world, threads=world.threads).get(timeout=world.start_timeout)
+        replies = self._wait_for(view.apply_async(rank_world.init_world, threads=world.threads))
         sizes = {who["size"] for who in replies}
         ranks = sorted(who["rank"] for who in replies)
         if sizes != {world.size} or ranks != list(range(world.size)):

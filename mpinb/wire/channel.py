@@ -49,20 +49,23 @@ class Channel:
         self._next_cell = 0
         self._held = []  # messages that arrived while :meth:`stacks` waited, for the next receive
 
-    def wait_for_ranks(self, ranks, timeout):
-        """Wait until every rank's agent said hello; raise ``TimeoutError`` naming the silent ones.
+    def wait_for_ranks(self, ranks, timeout, *, check=None):
+        """Wait until every rank's agent said hello; raise ``TimeoutError`` naming the silent ones. *check* is
+        called between waits (it may raise to give up).
 
         Returns ``{rank: path}`` of the files the ranks dump their stacks to (see ``rank/stacks.py``).
         """
         waiting, stack_files = set(ranks), {}
         deadline = time.monotonic() + timeout
         while waiting:
+            if check is not None:
+                check()
             if self.verifier.mismatch is not None:
                 raise self.verifier.mismatch
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"ranks {sorted(waiting)} did not connect to the cell channel in {timeout:g} s")
-            for message in self.receive(left):
+            for message in self.receive(min(left, 0.1)):
                 if isinstance(message, Hello):
                     waiting.discard(message.rank)
                     stack_files[message.rank] = message.stacks

@@ -1,0 +1,96 @@
+"""A real kernel driven as a notebook front end drives it (jupyter_client): run a cell, press Stop at chosen moments
+(the manager's ``interrupt_kernel``, which is what JupyterLab's Stop button sends), answer or refuse prompts, and
+read back what the cell showed. Used by the lifecycle tests and the random-sequence test."""
+
+import contextlib
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# frames of mpinb's own code or of ipyparallel's, as a traceback shows them
+INTERNAL_FRAME = re.compile(r"(site-packages/(mpinb|ipyparallel)/|/main/mpinb/|mpinb/(notebook|rank|wire)/\w+\.py)")
+
+
+@dataclass
+class Shown:
+    """What one request showed: its reply status, its text (streams, results, errors, ANSI codes removed), the
+    prompts it asked and the error's name."""
+
+    status: str
+    text: str
+    prompts: list = field(default_factory=list)
+    ename: str = None
+    seconds: float = 0.0
+
+    def internal_frames(self):
+        """Lines of this output that are frames of mpinb's or ipyparallel's code."""
+        return [line for line in self.text.splitlines() if INTERNAL_FRAME.search(line)]
+
+
+class Session:
+    """One kernel and its client; ``run`` executes a cell as a notebook does (``allow_stdin`` as asked)."""
+
+    def __init__(self, client, manager):
+        self.client, self.manager = client, manager
+
+    def stop_button(self):
+        self.manager.interrupt_kernel()
+
+    def run(self, code, *, stops=(), allow_stdin=True, answers=(), timeout=180):
+        """Execute *code*, pressing Stop *stops* seconds (each from the start) after sending it; answer each
+        prompt from *answers* (``c`` once they run out). Returns :class:`Shown`; a reply that does not come within
+        *timeout* seconds raises ``TimeoutError`` (a hang)."""
+        answers, prompts, out = list(answers), [], []
+        timers = [threading.Timer(delay, self.stop_button) for delay in stops]
+
+        def typed(message):
+            prompts.append(message["content"]["prompt"])
+            self.client.input(answers.pop(0) if answers else "c")
+
+        tic = time.monotonic()
+        for timer in timers:
+            timer.start()
+        try:
+            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=out.append,
+                                                    allow_stdin=allow_stdin, stdin_hook=typed, stop_on_error=False)
+        finally:
+            for timer in timers:
+                timer.cancel()
+        seconds = time.monotonic() - tic
+        # a Stop that fired after the reply came interrupts nothing of this cell; let it land before the next one
+        late = [delay for delay in stops if delay > seconds]
+        if late:
+            time.sleep(0.3)
+        return Shown(reply["content"]["status"], _text(out), prompts, reply["content"].get("ename"), seconds)
+
+
+def _text(messages):
+    parts = []
+    for message in messages:
+        kind, content = message["msg_type"], message["content"]
+        if kind == "stream":
+            parts.append(content.get("text", ""))
+        elif kind in ("execute_result", "display_data"):
+            parts.append(content["data"].get("text/plain", "") + "\n")
+        elif kind == "error":
+            parts.append("\n".join(content.get("traceback", [])) + "\n")
+    return ANSI.sub("", "".join(parts))
+
+
+@contextlib.contextmanager
+def kernel(env=None):
+    """A real ipykernel with its client, shut down (and its processes with it) at the end."""
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(**({"env": env} if env else {}))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield Session(client, manager)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
