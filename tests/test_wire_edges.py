@@ -1,6 +1,13 @@
 """Edges of what notebook and ranks exchange: empty values, bytes that are not UTF-8, messages nobody signed,
 and files created where another user could have planted something."""
 
+import glob
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -10,7 +17,9 @@ import torch
 import zmq
 
 from mpinb.notebook import ipp
+from mpinb.notebook.mpis import default_mpiexec
 from mpinb.notebook.perrank import PerRank
+from mpinb.rank import stacks
 from mpinb.wire import messages, shm
 from mpinb.wire.channel import Channel
 from mpinb.wire.kinds import Hello
@@ -147,3 +156,104 @@ def test_bytes_that_are_not_utf8_show_as_replacement_characters(world_of, ip, mp
     said = out + err + "\n".join(record.getMessage() for record in caplog.records)
     assert "decode" not in said and "Traceback" not in said and not any(r.exc_info for r in caplog.records)
     assert "stopped" in out
+
+
+PLAIN = """
+import mpinb
+from mpi4py import MPI
+MPI.COMM_WORLD.Barrier()
+mpinb.report(step=0, loss=1.0)
+"""
+
+
+def planted(directory, name):
+    """A link at *directory*/*name*, as another user would plant it where a rank will write, to a file of the
+    victim's that must stay as it is."""
+    victim = directory / f"victim-{name}"
+    victim.write_text("precious\n")
+    (directory / name).symlink_to(victim)
+    return victim
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(180)
+def test_files_named_by_the_user_under_plain_mpiexec_are_never_written_through_a_link(tmp_path):
+    """MPINB_TRACE's files replace a link planted at their name (a fresh owner-only file renamed over it, none
+    left behind); MPINB_METRICS_FILE, appended to, refuses one and says so in a line."""
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN)
+    victims = [planted(tmp_path, "trace-0.json"), planted(tmp_path, "metrics-1.jsonl")]
+    env = dict(os.environ, MPINB_TRACE=str(tmp_path / "trace-{rank}.json"), MPINB_REPORT_EVERY="0",
+               MPINB_METRICS_FILE=str(tmp_path / "metrics-{rank}.jsonl"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([default_mpiexec(), "-n", "2", sys.executable, str(script)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [victim.read_text() for victim in victims] == ["precious\n"] * 2
+    for name in ("trace-0.json", "trace-1.json", "metrics-0.jsonl"):
+        status = os.lstat(tmp_path / name)
+        assert stat.S_ISREG(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o600, name
+    assert json.loads((tmp_path / "trace-0.json").read_text())["traceEvents"]
+    assert (tmp_path / "metrics-1.jsonl").is_symlink()
+    assert f"[mpinb] rank 1: cannot write metrics to {tmp_path / 'metrics-1.jsonl'}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not list(tmp_path.glob(".mpinb-*"))
+
+
+def test_a_rank_keeps_its_files_only_in_a_private_directory(tmp_path, monkeypatch):
+    """$MPINB_STATUS_DIR is used only when it is this user's directory and no one else's to enter; otherwise
+    the rank makes a private one of its own (never a fixed name in the shared temporary directory)."""
+    import shutil
+
+    from mpinb.rank import stacks
+    from mpinb.wire import files
+
+    private = tmp_path / "world"
+    private.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(private)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert files.private_directory(str(private))
+    for status_dir in (str(private), str(shared), str(tmp_path / "link"), str(tmp_path / "missing"), None):
+        if status_dir is None:
+            monkeypatch.delenv("MPINB_STATUS_DIR", raising=False)
+        else:
+            monkeypatch.setenv("MPINB_STATUS_DIR", status_dir)
+        directory = stacks.rank_directory()
+        try:
+            assert files.private_directory(directory)
+            assert (directory == str(private)) == (status_dir == str(private)), status_dir
+        finally:
+            if directory != str(private):
+                shutil.rmtree(directory)
+    victim = planted(private, "mpinb-stderr-1")
+    with pytest.raises(OSError):  # a link where a rank's file goes is refused, not followed
+        files.open_own(str(private / "mpinb-stderr-1"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_a_worlds_rank_files_are_private_and_removed_with_it(world_of, ip, mpi, magics):
+    """Stacks, recent stderr, C's stderr and the collective mirror of every rank: in the world's 0700
+    directory, each 0600, none in the shared temporary directory, and all gone after %mpi stop."""
+    world = world_of(2)
+    mpi("import sys\nprint('to stderr', file=sys.stderr)\ncomm.Barrier()")
+    status_dir = world.status_dir
+    assert files_of_world(world) and stat.S_IMODE(os.stat(status_dir).st_mode) == 0o700
+    pids = [who["pid"] for who in world.identities.values()]
+    kept = []
+    for path in world.stack_files.values():
+        assert os.path.dirname(path) == status_dir
+        for each in (path, stacks.stderr_path(path), stacks.native_stderr_path(path), stacks.ledger_path(path)):
+            status = os.lstat(each)
+            assert stat.S_ISREG(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o600, each
+            kept.append(each)
+    assert not [p for pid in pids for p in glob.glob(os.path.join(tempfile.gettempdir(), f"mpinb-*-{pid}"))]
+    ip.run_line_magic("mpi", "stop")
+    assert not [path for path in kept if os.path.lexists(path)] and not os.path.lexists(status_dir)
+
+
+def files_of_world(world):
+    return sorted(os.listdir(world.status_dir))

@@ -103,7 +103,8 @@ def remove_world_files(status_dir, pids, stack_files=()):
     files (``rank/stacks.py``), for *pids* and any other *stack_files* known."""
     if status_dir:
         shutil.rmtree(status_dir, ignore_errors=True)
-    for path in {*stack_files, *(stack_path(pid) for pid in pids)}:
+    # the ranks' files are in the status directory on this host (rank/stacks.py); elsewhere, where they said
+    for path in {*stack_files, *(stack_path(pid, status_dir) for pid in pids if status_dir)}:
         for kept in (path, stderr_path(path), native_stderr_path(path), ledger_path(path)):
             Path(kept).unlink(missing_ok=True)
 

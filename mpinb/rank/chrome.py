@@ -2,6 +2,8 @@
 
 import json
 
+from ..wire import files
+
 ARGS = ("comm", "peer", "sent", "received", "seq", "detail")
 
 
@@ -46,9 +48,11 @@ def events(rank, spans, *, offset_ns=0):
 
 
 def write(path, events):
-    """Write *events* to *path* as a Chrome trace (``{"traceEvents": [...], "displayTimeUnit": "ms"}``)."""
-    with open(path, "w") as file:
-        json.dump({"traceEvents": list(events), "displayTimeUnit": "ms"}, file)
+    """Write *events* to *path* as a Chrome trace (``{"traceEvents": [...], "displayTimeUnit": "ms"}``): through
+    a fresh owner-only file renamed to *path*, so a link planted there (``/tmp/trace-0.json``) is replaced, not
+    written through (``wire/files.py``)."""
+    events = list(events)
+    files.replace(path, lambda file: json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, file))
 
 
 def _int(value):

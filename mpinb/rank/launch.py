@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from ..wire import files
+
 
 def _die_with_parent():
     try:
@@ -32,9 +34,12 @@ def main(argv):
         signal.signal(forwarded, lambda number, frame: child.send_signal(number))
     code = child.wait()  # retried by Python when a forwarded signal interrupts it (PEP 475)
     directory = os.environ.get("MPINB_STATUS_DIR")
-    if directory and os.path.isdir(directory):
-        with open(os.path.join(directory, f"exit-{child.pid}"), "w") as status:
-            status.write(f"{child.pid} {code} {time.time()}\n")
+    if files.private_directory(directory):  # the world's, on the notebook's host (not a name another user took)
+        try:
+            with open(files.create(os.path.join(directory, f"exit-{child.pid}")), "w") as status:
+                status.write(f"{child.pid} {code} {time.time()}\n")
+        except OSError:  # written already, or the world is being removed: how the rank ended is lost, not more
+            pass
     if code < 0:  # end as the engine did, so mpiexec reports the same signal
         if -code not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be handled, nor given a handler
             signal.signal(-code, signal.SIG_DFL)

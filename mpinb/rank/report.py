@@ -22,6 +22,7 @@ import os
 import sys
 import time
 
+from ..wire import files
 from .tracing import state as _trace
 
 DEFAULT_RUN = "main"
@@ -121,13 +122,22 @@ class ScriptSink:
         every = float(os.environ.get("MPINB_REPORT_EVERY", "10")) if every is None else every
         self.every = every if self.rank == 0 else 0
         path = os.environ.get("MPINB_METRICS_FILE") if path is None else path
-        self.file = open(path.format(rank=self.rank), "a", buffering=1 << 16) if path else None
         self.stdout, self.stderr = stdout or sys.stdout, stderr or sys.stderr
+        self.file = self._open(path.format(rank=self.rank)) if path else None
         self.last = None
         self.first = None  # (time, step) of the run's first record, for steps/s
         self.warned = set()
         self.next_line = time.monotonic() + self.every
         atexit.register(self.close)
+
+    def _open(self, path):
+        """*path* to append to, never through a link nor into another user's file (``wire/files.py``); else
+        ``None``, said in one line."""
+        try:
+            return open(files.open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", buffering=1 << 16)
+        except OSError as exc:
+            print(f"[mpinb] rank {self.rank}: cannot write metrics to {path} ({exc})", file=self.stderr)
+            return None
 
     def put(self, record):
         run, step, when, values = record[:4]

@@ -11,13 +11,17 @@ kernel's ``/tmp/ipykernel_PID/HASH.py``). A fatal signal (a segfault in C code, 
 abort) dumps the stacks to the same file before the rank dies, so the notebook can say where it crashed.
 """
 
+import atexit
 import faulthandler
 import os
 import re
+import shutil
 import signal
 import tempfile
 import threading
 from pathlib import Path
+
+from ..wire import files
 
 SIGNAL = signal.SIGUSR2
 # mpinb's wrappers around MPI calls (rank/intercept.py and the modules it is made of, rank/trace_torch.py), and
@@ -28,15 +32,28 @@ WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/traced_calls.py", "mpinb/rank
             "mpinb/rank/guards.py")
 
 _file = None
+_path = None  # the path of _file
 _stderr = None
 _native = None  # descriptor of the native_stderr_path file, once keep_native_stderr pointed descriptor 2 at it
 current_cell_file = ""  # the file the running (or last) cell was compiled as
 STDERR_LIMIT = 64 << 10  # bytes of a rank's recent stderr kept on disk for a post-mortem
 
 
-def stack_path(pid, directory=None):
-    """The file the rank with process id *pid* dumps its stacks to."""
-    return os.path.join(directory or tempfile.gettempdir(), f"mpinb-stacks-{pid}")
+def stack_path(pid, directory):
+    """The file the rank with process id *pid* dumps its stacks to, in *directory* (the world's private one)."""
+    return os.path.join(directory, f"mpinb-stacks-{pid}")
+
+
+def rank_directory():
+    """Where this rank keeps its files: the world's private directory (``$MPINB_STATUS_DIR``, which the notebook
+    removes with the world) where this host has it, else a private one of the rank's own, removed at its exit.
+    Never a name in the shared temporary directory that another user could have taken first."""
+    directory = os.environ.get("MPINB_STATUS_DIR")
+    if files.private_directory(directory):
+        return directory
+    directory = tempfile.mkdtemp(prefix="mpinb-rank-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
 
 
 def stderr_path(path):
@@ -70,7 +87,7 @@ def keep_native_stderr():
         if copy is not None and fd == 1:
             os.dup2(copy, fd)
     if _file is not None:
-        native = os.open(native_stderr_path(_file.name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        native = files.open_own(native_stderr_path(_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.dup2(native, 2)
         if _native is not None:
             os.close(_native)
@@ -99,7 +116,7 @@ def native_stderr_size():
     try:
         if _native is not None:  # asked before and after every cell: the open file, not its path
             return os.fstat(_native).st_size
-        return os.path.getsize(native_stderr_path(_file.name)) if _file is not None else 0
+        return os.path.getsize(native_stderr_path(_path)) if _file is not None else 0
     except OSError:
         return 0
 
@@ -107,7 +124,7 @@ def native_stderr_size():
 def native_stderr_since(offset):
     """What this rank's C code wrote to its standard error after *offset* bytes."""
     try:
-        with open(native_stderr_path(_file.name), errors="replace") as file:
+        with open(native_stderr_path(_path), errors="replace") as file:
             file.seek(offset)
             return file.read(1 << 16)
     except (OSError, AttributeError):
@@ -115,15 +132,16 @@ def native_stderr_since(offset):
 
 
 def install(directory=None):
-    """Dump stacks to a per-rank file on :data:`SIGNAL`; return the file's path. Idempotent."""
-    global _file
+    """Dump stacks to a per-rank file in *directory* (default :func:`rank_directory`) on :data:`SIGNAL`; return
+    the file's path. Idempotent."""
+    global _file, _path
     if _file is None:
-        path = stack_path(os.getpid(), directory)
-        _file = open(path, "a", buffering=1)
+        _path = stack_path(os.getpid(), directory or rank_directory())
+        _file = open(files.open_own(_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", buffering=1)
         faulthandler.register(SIGNAL, file=_file, all_threads=True, chain=False)
         faulthandler.enable(file=_file, all_threads=True)
         _file.write(f"main 0x{threading.main_thread().ident:016x}\n")
-    return _file.name
+    return _path
 
 
 def note_stderr(text):
@@ -135,7 +153,8 @@ def note_stderr(text):
     if _stderr is None or _stderr.tell() > STDERR_LIMIT:
         if _stderr is not None:
             _stderr.close()
-        _stderr = open(stderr_path(_file.name), "w")
+        _stderr = open(files.open_own(stderr_path(_path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w",
+                       errors="replace")
     _stderr.write(text)
     _stderr.flush()
 
@@ -160,7 +179,7 @@ def remove():
     if _file is not None:
         faulthandler.unregister(SIGNAL)
         faulthandler.disable()
-        path = _file.name
+        path = _path
         _file.close()
         _file = None
         Path(path).unlink(missing_ok=True)

@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from ..wire import files
+
 now_ns = time.perf_counter_ns
 BUFFER = 100_000  # spans kept per rank between drains at most (the oldest go first)
 RECENT = 64  # collectives remembered per communicator, for the roll call
@@ -88,10 +90,12 @@ class State:
 
     def mirror_to(self, path):
         """Mirror the collective being waited in to *path* from now on (see :data:`MIRROR`)."""
-        with open(path, "wb") as file:
-            file.write(b"\0" * mmap.PAGESIZE)
-        with open(path, "r+b") as file:
-            self.mirror = mmap.mmap(file.fileno(), mmap.PAGESIZE)
+        fd = files.open_own(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.ftruncate(fd, mmap.PAGESIZE)  # zeros
+            self.mirror = mmap.mmap(fd, mmap.PAGESIZE)
+        finally:
+            os.close(fd)
 
     def enter(self, ledger, seq, signature, start):
         """The main thread waits in collective *seq* of *ledger* from *start* (ns) on."""
@@ -203,6 +207,10 @@ def script_trace(path):
 
     def write():
         spans, _ = state.drain()
-        chrome.write(path.format(rank=rank), chrome.events(rank, spans, offset_ns=offset))
+        target = path.format(rank=rank)
+        try:
+            chrome.write(target, chrome.events(rank, spans, offset_ns=offset))
+        except OSError as exc:  # at exit: one line, not a traceback of mpinb's
+            print(f"[mpinb] rank {rank}: cannot write the trace to {target} ({exc})", file=sys.stderr)
 
     atexit.register(write)
