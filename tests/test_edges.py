@@ -108,6 +108,26 @@ def test_bad_cell_options_are_usage_errors(world_of, mpi, line, message):
         mpi("pass", line=line)
 
 
+@pytest.mark.parametrize("line, message", [
+    ("start -n \u0661\u0662", "-n takes a number of ranks written in digits 0-9"),  # Arabic-Indic twelve
+    ("start --mpi ''", "--mpi takes mpich, openmpi, impi or the path of an mpiexec, not an empty string"),
+    ("start --ip 999.1.1.1", "--ip takes an address of this host the ranks can reach"),
+    ("restart -n \u0664", "-n takes a number of ranks written in digits 0-9"),
+])
+def test_bad_start_options_are_one_line_usage_errors_before_anything_starts(ip, magics, line, message):
+    ip.run_line_magic("mpi", "stop")
+    with pytest.raises(UsageError, match=re.escape(message)):
+        ip.run_line_magic("mpi", line)
+    assert magics.world is None
+
+
+def test_a_cell_size_in_other_digits_is_a_usage_error(ip, magics, mpi):
+    ip.run_line_magic("mpi", "stop")
+    with pytest.raises(UsageError, match=re.escape("-n takes a number of ranks written in digits 0-9")):
+        mpi("rank", line="-n \u0661\u0662")
+    assert magics.world is None
+
+
 def test_the_notebook_shows_no_internal_frames(ip, world_of, mpi, capsys):
     world_of(2)
     text, ok = shown(ip, capsys, '%%mpi "unterminated\npass')

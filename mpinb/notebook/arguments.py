@@ -1,13 +1,49 @@
 """The arguments of ``%mpi`` and ``%%mpi``, defined once: the magics parse with them and ``mpinb export`` reads
 the ``%%mpi`` lines of a notebook with them."""
 
+import argparse
+import ipaddress
+import re
+import socket
+
 from IPython.core import magic_arguments
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from .launchers import LAUNCHERS
 
+def count(text):
+    """A number of ranks as written in ASCII digits (``int`` would also take ``١٢``, Arabic-Indic twelve)."""
+    if not re.fullmatch(r"-?[0-9]+", text):  # a negative one is read, then refused with what a size must be
+        raise argparse.ArgumentTypeError(f"-n takes a number of ranks written in digits 0-9, not {text!r}")
+    return int(text)
+
+
+def which_mpi(text):
+    """``--mpi``'s value: not empty (an empty one would silently mean the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("--mpi takes mpich, openmpi, impi or the path of an mpiexec, not an empty "
+                                         "string (leave --mpi out for the default)")
+    return text
+
+
+def address(text):
+    """``--ip``'s value: an address of this machine's families, or a name that resolves to one."""
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        socket.getaddrinfo(text, None)
+    except (socket.gaierror, UnicodeError):
+        raise argparse.ArgumentTypeError(
+            f"--ip takes an address of this host the ranks can reach (127.0.0.1, 10.0.0.5, 0.0.0.0 for every "
+            f"interface) or a host name that resolves, not {text!r}") from None
+    return text
+
+
 CELL = [  # %%mpi's arguments, in the order its help lists them
-    (("-n",), dict(type=int, default=None, help="number of ranks; starts a world of that size if none is running")),
+    (("-n",), dict(type=count, default=None, help="number of ranks; starts a world of that size if none is running")),
     (("--ranks",), dict(default=None, help="run on these ranks only: 0,2 or 1-3 (default: all)")),
     (("--no-stream",), dict(dest="stream", action="store_false", default=None,
                             help="collect output and print it rank by rank when the cell ends")),
@@ -49,12 +85,12 @@ def line_parser():
                                      metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
-    start.add_argument("-n", type=int, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
-    start.add_argument("--mpi", default=None,
+    start.add_argument("-n", type=count, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
+    start.add_argument("--mpi", default=None, type=which_mpi,
                        help="which MPI: mpich, openmpi, impi, or an mpiexec's path (default: MPIMagics.default_mpi)")
     start.add_argument("--mpiexec", default=None, help="mpiexec to use; its MPI is read from its --version")
     start.add_argument("--mpiexec-arg", action="append", default=None, help="extra mpiexec argument (repeatable)")
-    start.add_argument("--ip", default=None,
+    start.add_argument("--ip", default=None, type=address,
                        help="address the controller listens on (default loopback); ranks on other hosts need one")
     start.add_argument("--launcher", default=None, type=str.lower,
                        help=f"how ranks start: {', '.join(LAUNCHERS)} (default: MPIMagics.launcher, mpi)")
@@ -66,7 +102,7 @@ def line_parser():
                        help="more job-script directives, e.g. --scheduler-arg=--gres=gpu:1 (repeatable)")
     commands.add_parser("stop", help="stop the world and every process it started")
     restart = commands.add_parser("restart", help="fresh processes, same size unless -n")
-    restart.add_argument("-n", type=int, default=None, help="new number of ranks")
+    restart.add_argument("-n", type=count, default=None, help="new number of ranks")
     commands.add_parser("status", help="rank, host, pid and state of every rank")
     commands.add_parser("output", help="the last cell's output, rank by rank")
     metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
