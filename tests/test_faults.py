@@ -149,6 +149,16 @@ def test_stop_button_on_ranks_stuck_in_mpi_keeps_the_world(world_of, mpi, magics
     assert mpi("comm.allreduce(kept)") == {0: 3, 1: 3}
 
 
+def test_a_long_cell_says_no_step_of_an_earlier_cell(world_of, mpi, magics, capsys, monkeypatch):
+    world_of(2)
+    monkeypatch.setattr(magics, "status_after", 1.0)
+    mpi("import mpinb\nfor step in range(60):\n    mpinb.report(step=step, loss=1.0)")
+    mpi("import time\nif rank == 1:\n    time.sleep(2.5)\ncomm.Barrier()")
+    err = capsys.readouterr().err
+    assert "[mpinb] rank 0: running\n[mpinb] rank 1: running\n" in err, err  # both wait; neither reported here
+    assert "last reported step 59" not in err
+
+
 def test_a_long_cell_says_where_each_rank_is(world_of, mpi, magics, capsys, monkeypatch):
     world_of(2)
     monkeypatch.setattr(magics, "status_after", 1.0)

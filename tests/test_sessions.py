@@ -126,3 +126,15 @@ def test_debuggers_under_a_front_end_without_stdin_say_so_once_and_the_ranks_go_
         assert shown.status == "ok" and "[rank 1] 1" in shown.text
         assert k.run("%mpi stop").status == "ok"
     assert not leftover_ranks(tag)
+
+
+def test_a_stop_in_a_reporting_loop_shows_where_in_the_cell_and_no_frame_of_mpinb():
+    tag = new_world_tag()
+    with kernel() as k:
+        assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
+        shown = clean(k.run("%%mpi\nimport mpinb\nfor step in range(10**7):\n    mpinb.report(step=step, loss=1.0)",
+                            stops=(2.0,)))
+        assert shown.status == "error" and "Where it was" in shown.text, shown.text
+        assert "blocked in mpinb.report(step=step, loss=1.0) at cell line 3" in shown.text  # the cell's call
+        assert k.run("%mpi stop").status == "ok"
+    assert not leftover_ranks(tag)

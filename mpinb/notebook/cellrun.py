@@ -58,14 +58,16 @@ class CellRun:
             metrics = settings.metrics
             wait = settings.liveness_every if metrics is None else min(settings.liveness_every,
                                                                        metrics.refresh_interval)
-            while len(self.replies) < len(self.ranks):
+            ended = False
+            while len(self.replies) < len(self.ranks) and not ended:
                 try:
                     for message in self.channel.receive(wait):
                         self.handle(message)
+                        # between messages too: ranks that report faster than the notebook reads keep it busy
+                        ended = ended or self.check_stops()
                 except KeyboardInterrupt:  # a Stop at a prompt (the only place one raises): counted already
                     pass
-                if self.tick(time.monotonic()) or self.check_stops():
-                    break
+                ended = ended or self.tick(time.monotonic()) or self.check_stops()
         return self.finish()
 
     def check_stops(self):

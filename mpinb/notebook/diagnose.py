@@ -42,7 +42,9 @@ class RankStack:
         line = self.cell_line
         lines = cell_source.splitlines()
         text = lines[line - 1].strip() if line and line <= len(lines) else ""
-        innermost_file, innermost_line, function = self.frames[0]
+        # inside mpinb's own code (mpinb.report, its gather), the call the cell made is where the rank is
+        own = [frame for frame in self.frames if not _MPINB_FILE.search(frame[0])] or self.frames
+        innermost_file, innermost_line, function = own[0]
         if innermost_file == self.cell_file:
             return f"{verb} {text} at cell line {line}" if text else f"at cell line {line}"
         inside = f"{function} ({self._place(innermost_file, innermost_line)})"
@@ -68,7 +70,8 @@ class RankStack:
         (the engine's own frames above the cell say nothing about the cell)."""
         frames = list(reversed(self.frames))
         cell = next((i for i, (file, _, _) in enumerate(frames) if file == self.cell_file), 0)
-        return "\n".join(self._frame(*frame) for frame in frames[cell:])
+        # mpinb's own frames (mpinb.report's outbox, say) are not the user's: the cell line that called it is
+        return "\n".join(self._frame(*frame) for frame in frames[cell:] if not _MPINB_FILE.search(frame[0]))
 
     def _place(self, file, line):
         """``Cell In[3], line 2`` for a cell (as IPython names it), else ``file.py:2``."""
@@ -82,6 +85,7 @@ class RankStack:
         return f'  File "{file}", line {line}, in {function}'
 
 
+_MPINB_FILE = re.compile(r"/mpinb/(rank|wire|notebook|widgets)/\w+\.py$|/mpinb/\w+\.py$")
 _COMMUNICATION_FILES = ("/mpi4py/", "/torch/distributed/", "/mpinb/rank/data_parallel.py", "/mpinb/rank/gather.py")
 _COMMUNICATION_CALL = re.compile(
     r"\b(comm|MPI|dist|world|COMM_WORLD)\b[\w.]*\.\w+\(|\.(Barrier|barrier|I?[Aa]ll[Rr]educe|[Aa]llgather|"

@@ -110,6 +110,8 @@ class CellStatus:
         self.view = None
         self.updates = 0
         self._next = None
+        # when each rank's progress arrived before this cell: a step reported in an earlier cell is not this one's
+        self._before = {key: progress.arrived for key, progress in history.progress.items()}
 
     def tick(self, elapsed, ranks, finished):
         if not self.after or elapsed < self.after or (self._next is not None and elapsed < self._next):
@@ -135,8 +137,10 @@ class CellStatus:
     def lines(self, elapsed, ranks, finished):
         """``["cell running for 42 s", "rank 0: finished", "rank 1: running, step 120", ...]``."""
         steps = {}
-        for (run, rank), progress in self.history.progress.items():
-            steps[rank] = progress.step if progress.step is not None else steps.get(rank)
+        for key, progress in self.history.progress.items():
+            if key in self._before and progress.arrived == self._before[key]:
+                continue  # nothing new from this rank in this cell
+            steps[key[1]] = progress.step if progress.step is not None else steps.get(key[1])
         out = [f"cell running for {elapsed:.0f} s"]
         for rank in ranks:
             if rank in finished:

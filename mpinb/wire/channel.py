@@ -143,7 +143,9 @@ class Channel:
         else:
             messages = []
         for sock, _ in self.poller.poll(max(0, int(timeout * 1000))):
-            while True:
+            # at most BATCH from a socket per call: ranks that send as fast as the notebook reads (a tight
+            # report() loop) must not keep the caller from its checks between calls (a Stop, a deadline)
+            for _ in range(BATCH):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
@@ -162,6 +164,9 @@ class Channel:
     def close(self):
         self.cells.close()
         self.events.close()
+
+
+BATCH = 64  # messages read from one socket per receive() at most
 
 
 def _addresses(ip):
