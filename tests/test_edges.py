@@ -6,6 +6,7 @@ import re
 import signal
 import time
 
+import psutil
 import pytest
 from conftest import assert_all_gone, world_processes
 from IPython.core.error import UsageError
@@ -60,10 +61,23 @@ def test_every_failure_is_reported_whatever_happened_to_earlier_worlds(ip, magic
     # mpiexec ended the others: either way the cell fails, naming the rank that called it
     with pytest.raises(RankError, match=r"rank 0 called MPI_Abort\(MPI_COMM_WORLD, 2\)"):
         mpi("if rank == 0:\n    comm.Abort(2)\ncomm.Barrier()")
-    with pytest.raises(MPIError, match="died earlier"):
+    with pytest.raises(MPIError, match="died while no cell ran"):
         mpi("rank")
     ip.run_line_magic("mpi", "restart")
     assert mpi("rank") == {0: 0, 1: 1}
+
+
+def test_a_death_between_cells_names_the_rank_and_how_it_died(ip, world_of, mpi):
+    world = world_of(3)
+    mpi("kept = rank")
+    process = psutil.Process(world.identities[1]["pid"])
+    os.kill(process.pid, signal.SIGKILL)  # a rank of this test's own world, by its pid
+    psutil.wait_procs([process], timeout=10)
+    with pytest.raises(MPIError, match=r"rank 1 of this world died while no cell ran \(signal 9 \(SIGKILL\)\)"):
+        mpi("rank")
+    assert world.state == "dead"
+    ip.run_line_magic("mpi", "restart")
+    assert mpi("rank") == {0: 0, 1: 1, 2: 2}
 
 
 def test_status_after_ranks_died_shows_them_dead(ip, world_of, mpi, capsys):
@@ -138,7 +152,7 @@ def test_the_notebook_shows_no_internal_frames(ip, world_of, mpi, capsys):
     text, ok = shown(ip, capsys, "%%mpi\nimport os\nif rank == 1:\n    os._exit(1)\ncomm.Barrier()")
     assert not ok and "rank 1 died: exit code 1" in text and not INTERNAL.search(text)
     text, ok = shown(ip, capsys, "%%mpi\nrank")
-    assert not ok and re.search(r"MPIError\S*: ranks? .* of this world died earlier", text)
+    assert not ok and re.search(r"MPIError\S*: ranks? .* of this world died while no cell ran", text)
     assert not INTERNAL.search(text)
     ip.run_line_magic("mpi", "restart")
 

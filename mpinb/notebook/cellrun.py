@@ -6,7 +6,7 @@ import time
 
 from IPython.core.error import StdinNotImplementedError
 
-from ..errors import RankLost
+from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
 from . import stops
 from .lifecycle import State
@@ -14,7 +14,7 @@ from ..wire.kinds import Input, Metrics, Out, Reply, Settled, TraceSpans, Waitin
 from .diagnose import capture_stacks
 from .mismatch import MismatchWatch, after_cell, at_death
 from .perrank import PerRank
-from .rank_errors import announce, check_deaths, lost, stopped, why_stuck
+from .rank_errors import announce, check_deaths, died_earlier, lost, stopped, why_stuck
 from .recover import Recovery
 
 COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
@@ -52,7 +52,14 @@ class CellRun:
         self.world.lifecycle.move(State.RUNNING)
         with stops.deferred():
             self.pressed = stops.presses()
-            self.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number, options)
+            try:
+                self.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number, options)
+            except MPIError:  # a rank's connection is gone: if its process is, say which died and how
+                dead = self.world.dead_ranks(self.ranks)
+                if not dead:
+                    raise
+                self.world.lifecycle.move(State.DEAD)
+                raise MPIError(died_earlier(self.world, dead)) from None
             self.deadline = now + settings.timeout if settings.timeout else None
             self.check_liveness_at = now + settings.liveness_every
             metrics = settings.metrics

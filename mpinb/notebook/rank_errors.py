@@ -10,6 +10,21 @@ from ..wire.ranks import label_ranks
 from .diagnose import death_report, fatal_stack, last_stderr
 
 
+RESTART = "%mpi restart starts a fresh world of the same size"  # what to do once a rank died
+
+
+def died_earlier(world, dead):
+    """Why a world whose ranks *dead* died while no cell ran cannot run a cell: which rank died first and how
+    (its exit code or signal, as its launcher recorded it), and which ended with it."""
+    deaths = death_report(world, dead, wait=0.5)
+    first = min(deaths.values(), key=lambda death: (death.when is None, death.when or 0.0, death.rank))
+    text = f"rank {first.rank} of this world died while no cell ran ({first.describe()})"
+    others = [rank for rank in dead if rank != first.rank]
+    if others:
+        text += f"; {label_ranks(others)} ended with it"
+    return f"{text}, so the world cannot run cells: {RESTART}"
+
+
 def announce(result, pending, code, timeout, first_failure, replies, printer):
     """The diagnosis, printed the moment the cell is stopped: why, then where each running rank is."""
     printer.finish()
