@@ -40,14 +40,18 @@ class Session:
 
     def run(self, code, *, stops=(), allow_stdin=True, answers=(), timeout=180):
         """Execute *code*, pressing Stop *stops* seconds (each from the start) after sending it; answer each
-        prompt from *answers* (``c`` once they run out). Returns :class:`Shown`; a reply that does not come within
+        prompt from *answers* (``c`` once they run out; or a function of the prompt). Returns :class:`Shown`; a reply that does not come within
         *timeout* seconds raises ``TimeoutError`` (a hang)."""
-        answers, prompts, out = list(answers), [], []
+        answers, prompts, out = answers if callable(answers) else list(answers), [], []
         timers = [threading.Timer(delay, self.stop_button) for delay in stops]
 
         def typed(message):
-            prompts.append(message["content"]["prompt"])
-            self.client.input(answers.pop(0) if answers else "c")
+            prompt = message["content"]["prompt"]
+            prompts.append(prompt)
+            if callable(answers):  # a function of the prompt: it may take its time, as a user does
+                self.client.input(answers(prompt))
+            else:
+                self.client.input(answers.pop(0) if answers else "c")
 
         tic = time.monotonic()
         for timer in timers:

@@ -3,6 +3,8 @@ during ``%mpi start``, ``restart`` and ``stop``; front ends that answer no promp
 After each: one line of what happened, no frame of mpinb's or ipyparallel's, ``%mpi status`` true to the
 processes, a world of the same size, and nothing left once it stops."""
 
+import time
+
 import pytest
 from conftest import leftover_ranks, new_world_tag
 from kernel_session import kernel
@@ -136,5 +138,24 @@ def test_a_stop_in_a_reporting_loop_shows_where_in_the_cell_and_no_frame_of_mpin
                             stops=(2.0,)))
         assert shown.status == "error" and "Where it was" in shown.text, shown.text
         assert "blocked in mpinb.report(step=step, loss=1.0) at cell line 3" in shown.text  # the cell's call
+        assert k.run("%mpi stop").status == "ok"
+    assert not leftover_ranks(tag)
+
+
+def test_time_at_a_debugger_prompt_does_not_count_against_the_timeout():
+    """--timeout 4 with a breakpoint answered after 6 s: the cell goes on to its end, as the user asked pdb to."""
+    tag = new_world_tag()
+    with kernel() as k:
+        assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
+        answers = iter(["p rank", "c"])
+
+        def slow(prompt):
+            time.sleep(3)  # a user reading the code before answering
+            return next(answers)
+
+        shown = clean(k.run("%%mpi --timeout 4\nif rank == 0:\n    breakpoint()\ncomm.Barrier()\n'end'",
+                            answers=slow))
+        assert shown.status == "ok" and "[rank 0] 'end'" in shown.text and "[rank 1] 'end'" in shown.text, shown.text
+        assert "stopping" not in shown.text
         assert k.run("%mpi stop").status == "ok"
     assert not leftover_ranks(tag)

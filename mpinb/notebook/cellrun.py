@@ -146,6 +146,7 @@ class CellRun:
         if self.no_stdin:
             channel.send_stdin(rank, "c")
             return
+        asked = time.monotonic()
         try:
             with stops.raising():
                 line = input(prompt)
@@ -160,6 +161,9 @@ class CellRun:
         except KeyboardInterrupt:
             channel.send_stdin(rank, None)
             raise
+        finally:  # time at a debugger's prompt is the user's, not the cell's: --timeout counts running time
+            if self.deadline is not None:
+                self.deadline += time.monotonic() - asked
         channel.send_stdin(rank, line)
 
     def tick(self, now):
