@@ -2,6 +2,8 @@
 # make test  — create .venv if missing (and install Chromium for the browser test, sshd for the hosts tests, and the
 #              other MPIs), run every test
 # make mpis  — install Open MPI and Intel MPI beside the default MPICH, for tests/test_mpis.py
+# make soak  — random notebook sessions through a real kernel for SOAK_SECONDS (default 3600), new seeds each
+#              sequence; MPINB_SESSION_SEED=N replays one
 # make bench — print the benchmark table (and keep it in benchmarks/RESULTS.md)
 # make docs  — build the documentation site, the tutorials executed, into docs/_build/html; fails on a warning
 
@@ -15,7 +17,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Debian's Chromium for the JupyterLab browser test (Playwright's own browser download does not work everywhere)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: lab test bench docs clean chromium sshd mpis
+.PHONY: lab test soak bench docs clean chromium sshd mpis
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +65,10 @@ mpis: $(MPISTAMP)
 # every MPI of tests/test_mpis.py runs here: a missing one is an error, not a skip
 test: $(STAMP) chromium sshd $(MPISTAMP)
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
+
+SOAK_SECONDS ?= 3600
+soak: $(STAMP)
+	MPINB_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -s -q --timeout=0 tests/test_random_sessions.py
 
 # -W: a warning (a broken reference, a cell that fails) fails the build; linkcheck then follows every link
 # inside the site, anchors included; docs/check.py asserts each tutorial page shows its figures.
