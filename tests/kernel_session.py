@@ -35,6 +35,11 @@ class Session:
     def __init__(self, client, manager):
         self.client, self.manager = client, manager
 
+    @property
+    def pid(self):
+        """The kernel's process id (whatever it starts is its child while it runs)."""
+        return self.manager.provisioner.process.pid
+
     def stop_button(self):
         self.manager.interrupt_kernel()
 

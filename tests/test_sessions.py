@@ -159,3 +159,24 @@ def test_time_at_a_debugger_prompt_does_not_count_against_the_timeout():
         assert "stopping" not in shown.text
         assert k.run("%mpi stop").status == "ok"
     assert not leftover_ranks(tag)
+
+
+def test_starts_interrupted_at_any_moment_leave_no_controller_behind():
+    """Three starts interrupted at 0.3, 0.8 and 1.2 s, then a start and a stop, in one kernel: once, a controller
+    started by ipyparallel's pending start coroutine after the interrupt outlived everything. The kernel's own
+    children are what its worlds started, and nothing else."""
+    import psutil
+
+    tag = new_world_tag()
+    with kernel() as k:
+        assert k.run("%load_ext mpinb").status == "ok"
+        for at in (0.3, 0.8, 1.2):
+            shown = clean(k.run("%mpi start -n 2", stops=(at,)))
+            assert shown.status == "ok" or shown.ename == "StartInterrupted", shown.text
+            assert k.run("%mpi stop").status == "ok"
+        assert k.run("%mpi start -n 2").status == "ok"
+        assert k.run("%mpi stop").status == "ok"
+        children = psutil.Process(k.pid).children(recursive=True)
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [(p.pid, p.cmdline()[:3]) for p in alive]
+    assert not leftover_ranks(tag)

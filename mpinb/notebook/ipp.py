@@ -110,7 +110,7 @@ def batch_launcher(name):
         def _run_command(self, command, **kwargs):
             self.log.debug("Running command: %s", shlex.join(command))
             done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=120, **kwargs)
+                                  timeout=120, start_new_session=True, **kwargs)
             said = done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}"
             if done.returncode != 0 and command[:1] != self.delete_command[:1]:
                 raise BadArguments(f"{command[0]} refused the job: {said}")

@@ -207,7 +207,7 @@ class SlurmJob:
         ``(None, "")`` once the job has left the queue."""
         try:
             done = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T|%R"], capture_output=True,
-                                  text=True, timeout=30)
+                                  text=True, timeout=30, start_new_session=True)
         except (OSError, subprocess.TimeoutExpired):
             return "UNKNOWN", ""
         line = done.stdout.strip()
@@ -218,7 +218,8 @@ class SlurmJob:
 
     def nodes(self, nodelist):
         """The hosts of a Slurm *nodelist* (``node[01-03]``), expanded (``scontrol show hostnames``)."""
-        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30,
+                              start_new_session=True)
         return done.stdout.split()
 
     def wait_gone(self, timeout):

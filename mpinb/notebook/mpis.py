@@ -114,8 +114,9 @@ def describe(mpiexec, *, expect=None):
 def launcher_version(mpiexec):
     """The first line of what *mpiexec* prints for ``--version`` that names a version."""
     try:
+        # a session of its own: the Stop button signals the kernel's process group, and mpinb acts on it itself
         done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, start_new_session=True)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
@@ -185,7 +186,8 @@ def library_version(python, library=None):
     if library:
         env["MPI4PY_LIBMPI"] = library
     try:
-        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env)
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60, env=env,
+                              start_new_session=True)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NoMPI(f"could not run {python} to check mpi4py: {exc}") from None
     if done.returncode != 0:
