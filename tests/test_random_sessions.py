@@ -289,7 +289,7 @@ def run_sessions(seeds, steps):
     print(f"random sessions: {Sessions.steps} steps so far", flush=True)
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1200 + float(os.environ.get("MPINB_SOAK_SECONDS") or 0))
 def test_random_sessions_keep_every_promise():
     """``MPINB_SESSION_EXAMPLES`` sequences (2) of ``MPINB_SESSION_STEPS`` steps (15); with ``MPINB_SOAK_SECONDS``
     (``make soak``), sequences of 25-40 steps with new seeds until that many seconds have passed."""
