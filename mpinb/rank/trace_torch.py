@@ -34,6 +34,35 @@ def install(dist):
         function = getattr(dist, name, None)
         if function is not None:
             setattr(dist, name, _wrap(dist, function, name, spec))
+    destroy = getattr(dist, "destroy_process_group", None)
+    if destroy is not None:
+        dist.destroy_process_group = _keeping_group_names(destroy)
+
+
+def _keeping_group_names(destroy):
+    """``destroy_process_group`` that leaves torch's count of process groups where it was.
+
+    torch restarts the count when the default group is destroyed, so the next ``init_process_group`` names its
+    group as the destroyed one was ("0"). When it meets at the same ``MASTER_ADDR:MASTER_PORT``, rank 0's
+    rendezvous server from before is still serving (torch keeps it after the destroy) with the destroyed group's
+    keys, and gloo's ranks read each other's old addresses: the PyTorch DDP tutorial's ``demo_basic`` then
+    ``demo_checkpoint`` in one process hang in ``init_process_group`` or the first collective, under plain mpiexec
+    too. Counting on gives each group new keys; every rank destroys and creates its groups together, so the names
+    stay the same on every rank.
+    """
+    from torch.distributed import distributed_c10d
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args, **kwargs):
+        world = getattr(distributed_c10d, "_world", None)
+        count = getattr(world, "group_count", None)
+        try:
+            return destroy(*args, **kwargs)
+        finally:
+            if count and getattr(world, "group_count", None) == 0:
+                world.group_count = count
+
+    return destroy_process_group
 
 
 def install_when_imported():
