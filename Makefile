@@ -2,6 +2,7 @@
 # make test  — create .venv if missing (and install Chromium for the browser test, sshd for the hosts tests, and the
 #              other MPIs), run every test
 # make mpis  — install Open MPI and Intel MPI beside the default MPICH, for tests/test_mpis.py
+# make mpi4py-tests — fetch mpi4py's own test suite (its sdist) for tests/test_third_party.py
 # make soak  — random notebook sessions through a real kernel for SOAK_SECONDS (default 3600), new seeds each
 #              sequence; MPINB_SESSION_SEED=N replays one
 # make bench — print the benchmark table (and keep it in benchmarks/RESULTS.md)
@@ -62,8 +63,22 @@ $(MPISTAMP): $(STAMP) Makefile
 
 mpis: $(MPISTAMP)
 
+# mpi4py's own test suite (not in its wheel), from the source distribution of the installed version, for
+# tests/test_third_party.py: .venv/share/mpi4py-tests/mpi4py-<version>/test
+M4PTESTS  := $(VENV)/share/mpi4py-tests
+M4PSTAMP  := $(M4PTESTS)/.fetched-stamp
+
+$(M4PSTAMP): $(STAMP)
+	rm -rf $(M4PTESTS) && mkdir -p $(M4PTESTS)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest $(M4PTESTS) \
+	  "mpi4py==$$($(PY) -c 'import mpi4py; print(mpi4py.__version__)')"
+	tar -xzf $(M4PTESTS)/mpi4py-*.tar.gz -C $(M4PTESTS)
+	touch $@
+
+mpi4py-tests: $(M4PSTAMP)
+
 # every MPI of tests/test_mpis.py runs here: a missing one is an error, not a skip
-test: $(STAMP) chromium sshd $(MPISTAMP)
+test: $(STAMP) chromium sshd $(MPISTAMP) $(M4PSTAMP)
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
 
 SOAK_SECONDS ?= 3600

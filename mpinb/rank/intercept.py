@@ -4,15 +4,20 @@
 mpi4py's types are immutable, so their methods cannot be replaced. Instead :func:`install` puts instances of
 these subclasses where user code finds communicators: ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` (and so the
 ``comm`` a notebook's ranks predefine), and every communicator made from one (``Dup``, ``Split``, ``Create``,
-``Create_cart``, ...) is one too; ``MPI.Request`` becomes a subclass that still answers ``isinstance`` for every
-request, so ``MPI.Request.Waitall(...)`` is seen as well. A communicator made before :func:`install`, or by a
-library from a raw handle, is not seen. Python-level interception was measured against the MPI profiling
-interface: see docs/traces.md.
+``Create_cart``, ...) is one too. ``MPI.Request`` and the communicator classes (``MPI.Comm``, ``MPI.Intracomm``,
+...) become the traced subclasses, which still answer ``isinstance`` and ``issubclass`` for mpi4py's own objects
+and classes, so ``MPI.Request.Waitall(...)``, ``MPI.Intracomm(comm)`` and ``MPI.Comm.f2py(handle)`` are seen as
+well. The traced classes keep mpi4py's names, module and docstrings, and ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF``
+stay constants: they pickle by name (``loads(dumps(MPI.COMM_WORLD)) is MPI.COMM_WORLD``) and ``free()`` leaves
+them usable, as in mpi4py. A communicator made before :func:`install`, or by a library through mpi4py's C API,
+is not seen. Python-level interception was measured against the MPI profiling interface: see docs/traces.md.
 
 Here the traced classes are built and installed; the methods they hold are in ``rank/traced_calls.py``, where each
 call keeps its arguments in ``rank/call_arguments.py``, and which communicators are traced in
 ``rank/traced_comms.py``.
 """
+
+import copyreg
 
 from . import traced_comms, tracing
 from .call_arguments import (
@@ -39,25 +44,33 @@ from .traced_comms import _adopt, _info, _members
 
 _state = tracing.state
 _now = tracing.now_ns
+_COMMS = ("Comm", "Intracomm", "Intercomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm")
+_CONSTANTS = ("COMM_WORLD", "COMM_SELF")
+_FROM_HANDLE = ("fromhandle", "fromint", "f2py")
 _MAKERS = ("Dup", "Clone", "Split", "Split_type", "Create", "Create_group", "Create_cart", "Create_graph",
            "Create_dist_graph", "Create_dist_graph_adjacent", "Create_intercomm", "Merge", "Dup_with_info", "Idup")
 
 
 def install(MPI):
-    """Make ``MPI.COMM_WORLD``, ``MPI.COMM_SELF`` and ``MPI.Request`` the traced kinds (idempotent)."""
+    """Make ``MPI.COMM_WORLD``, ``MPI.COMM_SELF``, ``MPI.Request`` and the communicator classes the traced kinds
+    (idempotent)."""
     if traced_comms.installed is not None:
         return
-    classes = {base: _traced_class(MPI, base) for base in
-               (MPI.Comm, MPI.Intracomm, MPI.Intercomm, MPI.Topocomm, MPI.Cartcomm, MPI.Graphcomm,
-                MPI.Distgraphcomm)}
+    classes = {getattr(MPI, name): _traced_class(MPI, getattr(MPI, name)) for name in _COMMS}
     request = _request_class(MPI)
+    original = {name: getattr(MPI, name) for name in _COMMS + _CONSTANTS + ("Request",)}
     traced_comms.installed = {"classes": classes, "request": request, "MPI": MPI, "ops": _op_names(MPI),
                               "in_place": MPI.IN_PLACE, "any": MPI.ANY_SOURCE,
-                              "original": (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.Request)}
+                              "original": (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.Request), "names": original,
+                              # mpi4py's own constants (id) -> their names, which now name the traced ones
+                              "constants": {id(original[name]): name for name in _CONSTANTS}}
     world = classes[MPI.Intracomm](MPI.COMM_WORLD)
     _adopt(world, "COMM_WORLD", tuple(range(MPI.COMM_WORLD.size)))
     self_comm = classes[MPI.Intracomm](MPI.COMM_SELF)
     _adopt(self_comm, "COMM_SELF", (MPI.COMM_WORLD.rank,))
+    world._mpinb_constant, self_comm._mpinb_constant = "COMM_WORLD", "COMM_SELF"
+    for name in _COMMS:
+        setattr(MPI, name, classes[original[name]])
     MPI.COMM_WORLD, MPI.COMM_SELF, MPI.Request = world, self_comm, request
 
 
@@ -66,7 +79,8 @@ def uninstall():
     installed = traced_comms.installed
     if installed is not None:
         MPI = installed["MPI"]
-        MPI.COMM_WORLD, MPI.COMM_SELF, MPI.Request = installed["original"]
+        for name, value in installed["names"].items():
+            setattr(MPI, name, value)
         traced_comms.installed = None
 
 
@@ -104,8 +118,22 @@ def stuck_p2p():
     return {"comm": _info(comm).name, "op": name, "sends": sends, "receives": receives}
 
 
+class _StandIn(type):
+    """A traced class under mpi4py's name: ``isinstance`` and ``issubclass`` hold for mpi4py's own objects and
+    classes of that kind too, as they did before it took the name (a subclass of it is checked as usual)."""
+
+    def __instancecheck__(cls, obj):
+        original = cls.__dict__.get("_mpinb_original")
+        return isinstance(obj, original) if original is not None else type.__instancecheck__(cls, obj)
+
+    def __subclasscheck__(cls, sub):
+        original = cls.__dict__.get("_mpinb_original")
+        return issubclass(sub, original) if original is not None else type.__subclasscheck__(cls, sub)
+
+
 def _traced_class(MPI, base):
-    namespace = {"__module__": __name__, "__doc__": f"mpi4py's {base.__name__}, every call noted (mpinb)."}
+    namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__, "_mpinb_original": base,
+                 "__doc__": base.__doc__}  # mpi4py's, as help() and mpi4py's own doc checks expect
     for name, spec in _BUFFER_COLLECTIVES.items():
         for variant in (name, "I" + name[0].lower() + name[1:]):
             if hasattr(base, variant):
@@ -122,20 +150,72 @@ def _traced_class(MPI, base):
     for name in _MAKERS:
         if hasattr(base, name):
             namespace[name] = _maker(getattr(base, name), name)
-    return type(base.__name__, (base,), namespace)
+    namespace.update(_from_handle(base, lambda: traced_comms.installed["classes"]))
+    namespace["__init__"] = _named(_copy_ledger, "__init__", base.__init__)
+    namespace["__reduce__"] = _named(_reduce_comm(base), "__reduce__", base.__reduce__)
+    namespace["free"] = _named(_free_comm(base), "free", base.free)
+    return _StandIn(base.__name__, (base,), namespace)
+
+
+def _copy_ledger(self, comm=None, *args, **kwargs):
+    """A copy of a communicator (``MPI.Intracomm(comm)``, ``pkl5.Intercomm(comm)``) counts its collectives in its
+    ledger, under the same name on every rank (a name by handle would differ from rank to rank)."""
+    info = getattr(comm, "_mpinb", None)
+    if info is not None and comm == self:
+        self._mpinb, self._mpinb_counts = info, comm._mpinb_counts
+
+
+def _from_handle(base, classes):
+    """``fromhandle``, ``fromint`` and ``f2py``, giving the traced kind of what mpi4py's give (``classes()``: mpi4py's
+    class -> its traced one), so that ``type(MPI.Comm.f2py(comm.py2f())) is type(comm)`` as without tracing."""
+
+    def converting(name):
+        function = getattr(base, name)
+
+        def convert(cls, *args, **kwargs):
+            made = function(*args, **kwargs)
+            kind = classes().get(type(made))
+            return made if kind is None else kind(made)
+
+        return classmethod(_named(convert, name, function))
+
+    return {name: converting(name) for name in _FROM_HANDLE if hasattr(base, name)}
+
+
+def _reduce_comm(base):
+    """Pickle as mpi4py does, by name: ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` as themselves, a copy of one
+    (``MPI.Intracomm(MPI.COMM_WORLD)``) as a new object of its class over that constant; any other communicator
+    raises mpi4py's ``ValueError``."""
+
+    def reduce(self):
+        installed = traced_comms.installed
+        MPI = installed["MPI"] if installed is not None else None
+        name = self.__dict__.get("_mpinb_constant")
+        if name is not None and MPI is not None and getattr(MPI, name, None) is self:
+            return name
+        reduced = base.__reduce__(self)
+        if MPI is not None and isinstance(reduced, tuple) and reduced[0] is copyreg.__newobj__:
+            cls, named = reduced[1]
+            name = installed["constants"].get(id(named))
+            if name is not None:  # mpi4py's own constant: its name now holds the traced one
+                return copyreg.__newobj__, (cls, getattr(MPI, name))
+        return reduced
+
+    return reduce
+
+
+def _free_comm(base):
+    """``free()``: mpi4py leaves its constants alone (``COMM_WORLD.free()`` does nothing), so do the traced ones."""
+
+    def free(self):
+        if "_mpinb_constant" not in self.__dict__:
+            base.free(self)
+
+    return free
 
 
 def _request_class(MPI):
     Request = MPI.Request
-
-    class _Any(type):
-        """``isinstance(r, MPI.Request)`` stays true for every request, traced or not."""
-
-        def __instancecheck__(cls, obj):
-            return isinstance(obj, Request)
-
-        def __subclasscheck__(cls, sub):
-            return issubclass(sub, Request)
 
     def waiting(name, requests, call, *args, **kwargs):
         collective = None  # a nonblocking collective among the requests: the ranks wait in it
@@ -174,10 +254,11 @@ def _request_class(MPI):
             return waiting(name, requests, getattr(Request, name), requests, *args, **kwargs)
         return classmethod(_named(wait, name, getattr(Request, name)))
 
-    namespace = {"__doc__": "mpi4py's Request; waiting on it is noted (mpinb).", "__module__": __name__}
+    namespace = {"__doc__": Request.__doc__, "__module__": Request.__module__,
+                 "__qualname__": Request.__qualname__, "_mpinb_original": Request}
     namespace.update({name: on_one(name) for name in ("Wait", "wait")})
     namespace.update({name: on_many(name) for name in ("Waitall", "waitall", "Waitany", "waitany", "Waitsome")})
-    TracedRequest = _Any("TracedRequest", (Request,), namespace)
-    TracedRequest.__name__ = TracedRequest.__qualname__ = "Request"
+    namespace.update(_from_handle(Request, lambda: {Request: TracedRequest}))
+    TracedRequest = _StandIn(Request.__name__, (Request,), namespace)
     return TracedRequest
 

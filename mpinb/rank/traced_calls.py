@@ -16,7 +16,7 @@ from .call_arguments import (
     _peer_text,
     describe,
 )
-from .traced_comms import _adopt, _info, _members
+from .traced_comms import _adopt, _counts, _info, _members
 
 _state = tracing.state
 _now = tracing.now_ns
@@ -216,12 +216,9 @@ def _maker(base, name):
         made = base(self, *args, **kwargs)
         if made is None or not hasattr(made, "py2f"):
             return made
-        classes = traced_comms.installed["classes"]
-        if type(made) not in classes.values():
-            kind = next((b for b in type(made).__mro__ if b in classes), None)
-            if kind is None:
-                return made
-            made = classes[kind](made)
+        kind = traced_comms.installed["classes"].get(type(made))
+        if kind is not None:  # mpi4py's own class: its traced one (a subclass, pkl5's or a user's, stays itself)
+            made = kind(made)
         # the communicators made next must have the same name on every rank that holds them: a call collective
         # over the parent is counted on every member, also where it gave COMM_NULL (a Split's MPI.UNDEFINED
         # colour); Create_group, collective over the group alone, is counted per group
@@ -229,14 +226,15 @@ def _maker(base, name):
             key = ("Create_group", _members(made)) if made != traced_comms.installed["MPI"].COMM_NULL else None
         else:
             key = "made"
-        counts = getattr(self, "_mpinb_counts", None)
-        if counts is None:
-            counts = self._mpinb_counts = {}
+        counts = _counts(self)
         counts[key] = counts.get(key, 0) + 1
         if made == traced_comms.installed["MPI"].COMM_NULL:
             return made
         parent = self._mpinb if hasattr(self, "_mpinb") else _info(self)
-        return _adopt(made, f"{parent.name}.{name}#{counts[key]}", _members(made))
+        try:
+            return _adopt(made, f"{parent.name}.{name}#{counts[key]}", _members(made))
+        except AttributeError:  # a class whose objects take no attributes: its calls are noted by handle
+            return made
 
     return _named(method, name, base)
 

@@ -15,7 +15,11 @@ def _adopt(comm, name, members):
     comm._mpinb = _state.ledger(name, members)
     comm._mpinb_counts = {}  # communicators made from it so far (traced_calls._maker)
     _state.comms[name] = weakref.ref(comm)
+    _live[comm.py2f()] = weakref.ref(comm)
     return comm
+
+
+_live = {}  # handle (py2f) -> weak reference to the named communicator that holds it
 
 
 def _members(comm):
@@ -35,6 +39,35 @@ def _members(comm):
 
 def _info(comm):
     info = getattr(comm, "_mpinb", None)
-    if info is None:  # made by mpi4py without us (e.g. unpickled): name it by its handle
-        info = _adopt(comm, f"comm#{comm.py2f()}", _members(comm))._mpinb
+    if info is None:  # a copy (MPI.Comm.f2py, MPI.Intracomm(comm), unpickled) or made by mpi4py without us
+        handle, members = comm.py2f(), _members(comm)
+        reference = _live.get(handle)
+        named = reference() if reference is not None else None
+        same = named is not None and named == comm and named._mpinb.members == members
+        try:
+            if same:  # a copy: its ledger
+                info = comm._mpinb = named._mpinb
+                comm._mpinb_counts = named._mpinb_counts
+            else:  # named by its handle
+                info = _adopt(comm, f"comm#{handle}", members)._mpinb
+        except AttributeError:  # mpi4py's own object (it takes no attributes) in a traced class's method
+            info = named._mpinb if same else _state.ledger(f"comm#{handle}", members)
     return info
+
+
+def _counts(comm):
+    """How many communicators have been made from *comm* so far, by kind (``traced_calls._maker``)."""
+    counts = getattr(comm, "_mpinb_counts", None)
+    if counts is None:
+        try:
+            counts = comm._mpinb_counts = {}
+        except AttributeError:  # mpi4py's own object: kept with its named copy's, or by its ledger's name
+            info = _info(comm)
+            reference = _live.get(comm.py2f())
+            named = reference() if reference is not None else None
+            counts = named._mpinb_counts if named is not None and getattr(named, "_mpinb", None) is info else \
+                _loose_counts.setdefault(info.name, {})
+    return counts
+
+
+_loose_counts = {}
