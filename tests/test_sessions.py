@@ -45,7 +45,7 @@ def test_a_second_stop_says_what_is_awaited_and_how_long_and_keeps_the_world():
         assert k.run("%%mpi\nkept = rank * 10").status == "ok"
         shown = clean(k.run("%%mpi\n" + DEAF, stops=(1.5, 1.8)))
         assert shown.status == "error" and "[mpinb] still waiting for rank" in shown.text, shown.text
-        assert "press Stop again to end the world now" in shown.text
+        assert "press Stop (Ctrl-C) again to end the world now" in shown.text
         # rank 1 stayed deaf past the grace: the world was restarted, of the same size, and said so
         assert "so the world was restarted with 3 fresh ranks" in shown.text, shown.text
         shown = clean(k.run("%%mpi\n(size, comm.allreduce(rank))"))

@@ -97,7 +97,7 @@ class CellRun:
         what = self.recovery.stage(self.replies) if self.recovery is not None and self.recovery.plan else \
             "to answer the interrupt"
         print(f"[mpinb] still waiting for {label_ranks(pending)} {what} (at most {left:.0f} s more, then the "
-              f"world is restarted); press Stop again to end the world now (every rank's variables are lost)",
+              f"world is restarted); press Stop (Ctrl-C) again to end the world now (every rank's variables are lost)",
               flush=True)
         return False
 
