@@ -28,6 +28,12 @@ class _Capture(threading.Thread):
                 self.frames.append(self.socket.recv(1 << 16))
             except TimeoutError:
                 pass
+        self.socket.setblocking(False)  # what arrived before the stop is kept, read or not
+        while True:
+            try:
+                self.frames.append(self.socket.recv(1 << 16))
+            except (BlockingIOError, InterruptedError):
+                break
         self.socket.close()
 
 
@@ -38,9 +44,13 @@ def start(iface="eth0"):
     return iface
 
 
-def stop(path):
-    """End the capture; write it to *path* (pcap) and return the number of frames."""
+def stop(path, until=None, timeout=30):
+    """End the capture, once a frame holding the bytes *until* went by (for up to *timeout* s: a packet sent just
+    before may wait for its address to be resolved); write it to *path* (pcap) and return the number of frames."""
     global _capture
+    deadline = time.monotonic() + timeout
+    while until is not None and time.monotonic() < deadline and not any(until in f for f in list(_capture.frames)):
+        time.sleep(0.05)
     _capture.stopping = True
     _capture.join()
     frames, _capture = _capture.frames, None

@@ -262,7 +262,7 @@ def test_what_crosses_the_hosts_links_holds_neither_key_nor_source_and_a_replay_
         ["cell", "", SOURCE],
         ["cell", "--gather x", "import numpy as np\nx = np.full(1000, rank, dtype=np.int64)"],
         ["eval", plain],
-        ["eval", f"__import__('capture').stop({str(pcap)!r})"],
+        ["eval", f"__import__('capture').stop({str(pcap)!r}, until=b'mpinb-plain-text-control')"],
         ["eval", f"({WORLD}.channel.key.hex(), {WORLD}.channel.salt.hex())"],
         ["eval", f"__import__('capture').watch({WORLD}.channel.events)"],
         ["eval", f"__import__('capture').replay({str(pcap)!r}, {hosts.addresses[0]!r}, "
@@ -299,7 +299,7 @@ def test_on_loopback_a_replayed_stream_gets_through_to_the_channel_and_each_mess
         ["line", "start -n 2"],
         ["eval", f"{WORLD}.channel.encrypt"],
         ["cell", "", SOURCE + "\nimport mpinb\nfor step in range(5):\n    mpinb.report(step=step, loss=1.0)"],
-        ["eval", f"__import__('capture').stop({str(pcap)!r})"],
+        ["eval", f"__import__('capture').stop({str(pcap)!r}, until=b'mpinb-plain-text-control')"],
         ["eval", f"__import__('capture').replay({str(pcap)!r}, '127.0.0.1', "
                  f"int({WORLD}.channel.events_url.rsplit(':', 1)[1]))"],
         ["eval", f"__import__('capture').dropped({WORLD}.channel)"],
