@@ -45,8 +45,8 @@ class Session:
 
     def run(self, code, *, stops=(), allow_stdin=True, answers=(), timeout=180):
         """Execute *code*, pressing Stop *stops* seconds (each from the start) after sending it; answer each
-        prompt from *answers* (``c`` once they run out; or a function of the prompt). Returns :class:`Shown`; a reply that does not come within
-        *timeout* seconds raises ``TimeoutError`` (a hang)."""
+        prompt from *answers* (``c`` once they run out; or a function of the prompt). Returns :class:`Shown`; a
+        reply that does not come within *timeout* seconds raises ``TimeoutError`` (a hang)."""
         answers, prompts, out = answers if callable(answers) else list(answers), [], []
         timers = [threading.Timer(delay, self.stop_button) for delay in stops]
 

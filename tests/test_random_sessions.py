@@ -1,8 +1,8 @@
-"""Random sessions through a real kernel, a state machine driven by a seeded random choice of action: starts, stops and restarts of
-random sizes, cells that count on each rank, training loops that report (re-run), failing ranks, deadlocks with
-``--timeout``, Stops at random moments (one, two, three in quick succession; during a cell, a start, a restart,
-a stop), mismatched collectives, a dead rank, gathers with checked values, ``%mpi who``, malformed lines, floods,
-``breakpoint()`` without stdin.
+"""Random sessions through a real kernel, a state machine driven by a seeded random choice of action: starts,
+stops and restarts of random sizes, cells that count on each rank, training loops that report (re-run), failing
+ranks, deadlocks with ``--timeout``, Stops at random moments (one, two, three in quick succession; during a cell,
+a start, a restart, a stop), mismatched collectives, a dead rank, gathers with checked values, ``%mpi who``,
+malformed lines, floods, ``breakpoint()`` without stdin.
 
 After every step: no hang (every request has a timeout), no frame of mpinb's or ipyparallel's in what the step
 showed, each rank's counter as the model says wherever mpinb kept the world, ``%mpi status`` true to the world's

@@ -93,7 +93,8 @@ def test_a_stop_during_a_start_rolls_it_back_in_one_line_and_the_size_is_kept(co
 
 
 @pytest.mark.parametrize("cell", [
-    "import numpy as np\na = np.zeros(3)\nif rank == 0:\n    comm.Bcast(a, root=0)\nelse:\n    comm.Reduce(a, None, root=0)",
+    "import numpy as np\na = np.zeros(3)\nif rank == 0:\n    comm.Bcast(a, root=0)\nelse:\n"
+    "    comm.Reduce(a, None, root=0)",
     "import numpy as np\na = np.zeros(1)\ncomm.Bcast(a, root=rank)",
 ])
 def test_a_mismatch_mpi_completed_restarts_the_world_saying_so_and_later_collectives_work(cell):
