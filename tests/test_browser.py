@@ -231,9 +231,41 @@ DEBUGGED = ["%load_ext mpinb\n%mpi start -n 2",
             "%mpi stop"]
 
 
+# JupyterLab 4 answers an input() prompt in a box of its own; on Enter it sends the line, adds prompt and line to
+# the cell's outputs (a "stdin" stream: the echo), marks the box hiding and removes it 0.5 s later. Which box is the
+# prompt to answer is told by that mark, never by its place among the cell's boxes (their number changes meanwhile).
+PENDING = ".jp-OutputArea-stdin-item:not(.jp-OutputArea-stdin-hiding)"
+ECHOES = """(area, echo) => [...area.querySelectorAll('.jp-OutputArea-child:not(.jp-OutputArea-stdin-item)')]
+    .map(child => child.innerText.replace(/\\s+/g, ' ')).join(' ').split(echo).length - 1"""
+
+
+def answer(output, prompt, line, *, timeout=60):
+    """Type *line* at the next input() prompt that *output* (a cell's output area) shows, one reading *prompt*, as a
+    user does; return once the answer is echoed in the outputs (JupyterLab sent it to the kernel). An Enter the box
+    did not take is pressed again on the same box (a box that took one ignores any more)."""
+    pending = output.locator(PENDING)  # strict: one prompt at a time
+    pending.locator("input.jp-Stdin-input").wait_for(timeout=timeout * 1000)
+    shown = pending.locator(".jp-Stdin-prompt").inner_text()
+    assert prompt in shown, f"the prompt reads {shown!r}, not {prompt!r}"
+    echo = " ".join(f"{shown} {line}".split())
+    before = output.evaluate(ECHOES, echo)
+    box = pending.locator("input.jp-Stdin-input").element_handle()  # this box, not whichever is pending later
+    box.fill(line)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        box.press("Enter")
+        again = time.monotonic() + 5
+        while time.monotonic() < min(again, deadline):
+            if output.evaluate(ECHOES, echo) > before:
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"{echo!r} did not show in the cell's outputs in {timeout} s")
+
+
 def test_post_mortem_and_who_in_jupyterlab(tmp_path, monkeypatch):
-    """%mpi debug 1 after a failure on rank 1: pdb's prompt in the cell's input box, answered as a user types it;
-    then %mpi who's table flags the name that differs between ranks."""
+    """%mpi debug 1 after a failure on rank 1: pdb's prompt in the cell's input box, answered as a user types it
+    (each answer reaches rank 1: it prints ``z`` and ``w``, and ``q`` lets the cell end); then %mpi who's table
+    flags the name that differs between ranks."""
     root = notebook_of(tmp_path, "debugged.ipynb", DEBUGGED)
     tag = new_world_tag()
     with notebook_in_lab(root, "debugged.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 1800},
@@ -243,12 +275,8 @@ def test_post_mortem_and_who_in_jupyterlab(tmp_path, monkeypatch):
         run(cells.nth(1), page, wait=True)
         run(cells.nth(2), page, wait=False)
         debugged = cells.nth(2).locator(".jp-OutputArea")
-        for index, line in enumerate(["p z", "p w", "q"]):  # each answered prompt stays, a new one follows
-            box = debugged.locator("input.jp-Stdin-input").nth(index)
-            box.wait_for(timeout=60_000)
-            assert "(rank 1) (Pdb)" in debugged.locator(".jp-Stdin-prompt").nth(index).inner_text()
-            box.fill(line)
-            box.press("Enter")
+        for line in ["p z", "p w", "q"]:
+            answer(debugged, "(rank 1) (Pdb)", line)
         ran(cells.nth(2))
         run(cells.nth(3), page, wait=True)
         cells.nth(3).locator(".jp-OutputArea table").wait_for(timeout=30_000)
