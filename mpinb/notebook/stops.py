@@ -62,8 +62,8 @@ def _mode(mode):
         yield
     finally:
         _watch.modes.pop()
-        if outermost:
-            signal.signal(signal.SIGINT, previous)
+        if outermost:  # a handler set from C reads as None, and cannot be set back: Python's default then
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
             _watch = None
 
 
