@@ -376,3 +376,45 @@ def test_each_tutorial_runs_in_jupyterlab_without_a_console_error(name, tmp_path
     assert "Error displaying widget" not in body
     assert page.console_errors == [], page.console_errors
     assert not leftover_ranks(tag)
+
+
+STOPPED = ["%load_ext mpinb\n%mpi start -n 2",
+           "%%mpi\nkept = rank",
+           # rank 1 cannot answer an interrupt (SIGINT blocked, as in a C library that masks it)
+           "%%mpi\nimport signal, time\nif rank == 1:\n    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
+           "    time.sleep(30)\ncomm.Barrier()",
+           "%%mpi\n(size, 'kept' in globals())",
+           "%mpi stop"]
+
+
+def test_three_stops_from_the_toolbar_end_the_world_in_one_line_in_the_dark_theme(tmp_path, monkeypatch):
+    """JupyterLab's own Stop button, pressed three times while a rank cannot answer: the cell says in one line that
+    the world was ended, with no frame of mpinb's; the next cell runs on as many fresh ranks. In the dark theme."""
+    root = notebook_of(tmp_path, "stopped.ipynb", STOPPED)
+    theme = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+    theme.parent.mkdir(parents=True)
+    theme.write_text(json.dumps({"theme": "JupyterLab Dark"}))
+    tag = new_world_tag()
+    with notebook_in_lab(root, "stopped.ipynb", tmp_path, monkeypatch, viewport={"width": 1300, "height": 1400},
+                         screenshot="jupyterlab-three-stops-dark.png") as (page, cells):
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+        run(cells.nth(0), page, wait=True)
+        run(cells.nth(1), page, wait=True)
+        run(cells.nth(2), page, wait=False)
+        stopped = cells.nth(2).locator(".jp-OutputArea")
+        stop = page.locator(".jp-NotebookPanel-toolbar [data-command='notebook:interrupt-kernel']").first
+        time.sleep(2)  # the cell runs: rank 0 waits in the barrier, rank 1 sleeps deaf to interrupts
+        for _ in range(3):
+            stop.click()
+            time.sleep(0.3)
+        ran(cells.nth(2))
+        shown = stopped.inner_text()
+        run(cells.nth(3), page, wait=True)
+        after = cells.nth(3).locator(".jp-OutputArea").inner_text()
+        dark = page.evaluate("getComputedStyle(document.body).getPropertyValue('--jp-layout-color0').trim()")
+        run(cells.nth(4), page, wait=True)
+    assert "Stop pressed 3 times: the world of 2 ranks was ended" in shown, shown
+    assert "mpinb/" not in shown and "site-packages" not in shown, shown
+    assert "[rank 0] (2, False)" in after and "[rank 1] (2, False)" in after, after
+    assert dark and dark.lower() not in ("white", "#fff", "#ffffff"), dark  # the dark theme was on
+    assert not leftover_ranks(tag)

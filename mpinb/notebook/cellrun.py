@@ -2,6 +2,7 @@
 between messages (a deadline, a failed rank the others wait for, mismatched collectives, a death), stopping the
 cell when one of them says so, and letting ranks stuck in MPI out afterwards."""
 
+import sys
 import time
 
 from IPython.core.error import StdinNotImplementedError
@@ -98,7 +99,7 @@ class CellRun:
             "to answer the interrupt"
         print(f"[mpinb] still waiting for {label_ranks(pending)} {what} (at most {left:.0f} s more, then the "
               f"world is restarted); press Stop (Ctrl-C) again to end the world now (every rank's variables are lost)",
-              flush=True)
+              file=sys.stderr, flush=True)
         return False
 
     def handle(self, message):
@@ -156,7 +157,8 @@ class CellRun:
             self.no_stdin = True
             print(f"[mpinb] rank {rank} reached a debugger (breakpoint() or pdb), but this front end answers no "
                   "prompts (it sent allow_stdin=False, as nbclient and papermill do): the ranks go on without "
-                  "stopping there; run the cell in JupyterLab, Notebook or IPython to debug it", flush=True)
+                  "stopping there; run the cell in JupyterLab, Notebook or IPython to debug it", file=sys.stderr,
+                  flush=True)
             line = "c"
         except KeyboardInterrupt:
             channel.send_stdin(rank, None)
