@@ -16,7 +16,7 @@ from .call_arguments import (
     _peer_text,
     describe,
 )
-from .traced_comms import _adopt, _counts, _info, _members
+from .traced_comms import _adopt, _info, _members, made_counts
 
 _state = tracing.state
 _now = tracing.now_ns
@@ -226,7 +226,7 @@ def _maker(base, name):
             key = ("Create_group", _members(made)) if made != traced_comms.installed["MPI"].COMM_NULL else None
         else:
             key = "made"
-        counts = _counts(self)
+        counts = made_counts(self)
         counts[key] = counts.get(key, 0) + 1
         if made == traced_comms.installed["MPI"].COMM_NULL:
             return made

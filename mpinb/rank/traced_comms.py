@@ -55,7 +55,7 @@ def _info(comm):
     return info
 
 
-def _counts(comm):
+def made_counts(comm):
     """How many communicators have been made from *comm* so far, by kind (``traced_calls._maker``)."""
     counts = getattr(comm, "_mpinb_counts", None)
     if counts is None:
