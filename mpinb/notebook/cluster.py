@@ -16,7 +16,7 @@ from ..errors import BadArguments, MPIError, StartInterrupted
 from . import ipp, leftovers, status, stops
 from .launchers import Placement
 from .lifecycle import Lifecycle, State
-from .reaper import alive, end_processes, remove_world_files, signal_all
+from .reaper import alive, end_processes, has_ended, remove_world_files, signal_all
 from .startup import PortTaken, Startup
 
 log = logging.getLogger("mpinb")
@@ -130,6 +130,7 @@ class World:
         self.lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
         self._reaper = None
         self._processes = []
+        self._engine_processes = {}  # rank -> psutil.Process of its engine on this host, made on first check
         self._shared_files = set()
         self.shared_files_seen = set()  # every shared-memory file this world's ranks mapped (all removed at stop)
 
@@ -285,17 +286,38 @@ class World:
         ipyparallel's hub unregistered it (its heartbeats stopped for ``HEARTBEAT_SILENCE_MS``: the
         process ended, or its host cannot be reached)."""
         ranks = self.ranks if ranks is None else list(ranks)
-        local = set(self._local(ranks))
-        dead = [rank for rank in ranks if rank in local and not alive(self.identities[rank]["pid"])]
-        remote = [rank for rank in ranks if rank not in local and rank in self.engines]
-        if remote and self.client is not None:
-            registered = set(self.client.ids)  # reads the hub's unregistration notices first
-            gone = [rank for rank in remote if self.engines[rank] not in registered]
-            # Open MPI ends the whole job as soon as one rank dies, the engines' nannies with it: the hub
-            # would hear of it only when the heartbeats stop, but the local mpiexec has exited by then
-            dead += remote if len(gone) < len(remote) and self._launcher_ended() else gone
+        dead = self._dead_here(ranks) + self._dead_elsewhere(ranks)
         self._checked = (time.monotonic(), set(ranks), set(dead))
         return sorted(dead)
+
+    def _dead_here(self, ranks):
+        """Those of *ranks* on this host whose engine process has ended: one read of each process's state."""
+        dead = []
+        for rank in self._local(ranks):
+            pid = self.identities[rank]["pid"]
+            process = self._engine_processes.get(rank)
+            if process is None or process.pid != pid:
+                try:
+                    process = self._engine_processes[rank] = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    dead.append(rank)
+                    continue
+            if has_ended(process):
+                dead.append(rank)
+        return dead
+
+    def _dead_elsewhere(self, ranks):
+        """Those of *ranks* on other hosts that ipyparallel's hub unregistered (or all of them, where the local
+        mpiexec that ran them has exited)."""
+        local = set(self._local(ranks))
+        remote = [rank for rank in ranks if rank not in local and rank in self.engines]
+        if not remote or self.client is None:
+            return []
+        registered = set(self.client.ids)  # reads the hub's unregistration notices first
+        gone = [rank for rank in remote if self.engines[rank] not in registered]
+        # Open MPI ends the whole job as soon as one rank dies, the engines' nannies with it: the hub
+        # would hear of it only when the heartbeats stop, but the local mpiexec has exited by then
+        return remote if len(gone) < len(remote) and self._launcher_ended() else gone
 
     def _launcher_ended(self):
         """Whether an ``mpiexec`` this process started has exited: its ranks on other hosts are ended or cut off."""
@@ -303,12 +325,13 @@ class World:
         return any(process is not None and not alive(process) for process in processes)
 
     def dead_ranks_lately(self, ranks=None, within=0.5):
-        """:meth:`dead_ranks`, or what it found less than *within* seconds ago (cells run back to back do not
-        read every rank's process state each time; a rank dying meanwhile is found by the cell's own checks)."""
+        """:meth:`dead_ranks`, read afresh on this host (a killed rank is known before the next cell is sent,
+        however soon), and for ranks on other hosts what the hub said less than *within* seconds ago (cells run
+        back to back do not ask it each time; a rank dying meanwhile is found by the cell's own checks)."""
         ranks = self.ranks if ranks is None else list(ranks)
         when, checked, dead = getattr(self, "_checked", (None, set(), set()))
         if when is not None and time.monotonic() - when < within and checked.issuperset(ranks) and not dead:
-            return []
+            return sorted(self._dead_here(ranks))
         return self.dead_ranks(ranks)
 
     def is_remote(self, rank):

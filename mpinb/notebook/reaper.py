@@ -55,6 +55,15 @@ def alive(process):
         return False
 
 
+def has_ended(process):
+    """Whether *process* (a ``psutil.Process`` made while it ran) has exited or is a zombie: one read of its
+    state, cheap enough to do before every cell."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def signal_all(processes, how):
     """``process.terminate()`` or ``.kill()`` on each of *processes* still there."""
     for process in processes:
