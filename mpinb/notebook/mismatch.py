@@ -13,6 +13,7 @@ from ..rank.stacks import ledger_path
 from ..rank.tracing import read_mirror
 from ..wire.kinds import Waiting
 from ..wire.ranks import label_ranks
+from .advice import advice
 from .diagnose import RankStack, capture_stacks
 
 
@@ -268,7 +269,9 @@ def _describe(comm, seq, entries, states, code, *, entered=False):
             parts.append(f"{who} failed before it")
         else:
             parts.append(f"{who} did not answer the roll call")
-    return f"collective #{seq} on {comm}: " + "; ".join(parts)
+    text = f"collective #{seq} on {comm}: " + "; ".join(parts)
+    hint = advice(comm, entries)
+    return f"{text}. Likely {hint}" if hint and comm.startswith("torch:") else text
 
 
 def _stack(rank, state):

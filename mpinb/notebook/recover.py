@@ -126,6 +126,8 @@ def plan(states, ranks, pending, replies):
                 if member in pending and theirs is not None:
                     return None, f"rank {member} is itself inside another collective"
                 steps.setdefault(member, []).append(("join", comm, signature))
+                # the asynchronous ones it waits for after it (DDP's later gradient buckets), in order
+                steps[member].extend(("join", comm, tuple(then)) for _, then in waiting.get("then", ()))
                 joined.add((comm, seq, member))
         elif p2p is not None:
             members = mismatch.members(states, p2p["comm"], ranks)

@@ -63,7 +63,7 @@ class RollCall(threading.Thread):
                         threading.Thread(target=self._settle, args=(number, items), name="mpinb-settle",
                                          daemon=True).start()
                 continue
-            current = tracing.state.current
+            current = tracing.state.waiting_in()
             if current is None or self.after is None or current is self.reported:
                 continue
             if (tracing.now_ns() - current[3]) / 1e9 >= self.after and self.cell is not None:

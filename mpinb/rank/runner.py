@@ -147,6 +147,10 @@ def describe_error(exc, shell=None):
     if left_out:
         lines.insert(0, f"[... {left_out} frames left out: the first {KEPT_FRAMES} and the last {KEPT_FRAMES} are "
                         "shown]\n")
+    if ename == "RuntimeError" and "did not receive grad" in evalue:  # DDP's, about unused parameters: name them
+        from .trace_ddp import explain
+
+        evalue = explain(exc, evalue)
     return {"ename": ename, "evalue": evalue, "traceback": lines}
 
 

@@ -35,6 +35,11 @@ def settle(items):
 
 def _do(item):
     kind, name = item[0], item[1]
+    if kind == "join" and name.startswith("torch:"):  # a torch.distributed group's collective
+        from . import trace_torch
+
+        trace_torch.stand_in(name, tuple(item[2]))
+        return
     comm = _comm(name)
     if kind == "join":
         _join(comm, tuple(item[2]))

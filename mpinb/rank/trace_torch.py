@@ -1,5 +1,11 @@
 """``torch.distributed``'s collectives, seen like MPI's: each call is noted in the rank's ledger and, while
 traced, as a span (kind ``"torch"``). The module's functions are wrapped in place once it is imported.
+
+Calls with ``async_op=True`` are noted when launched and kept as outstanding until their work completes
+(``tracing.State.launched``): what a rank waits for then is the oldest one not complete, whichever thread
+waits. DistributedDataParallel's gradient buckets come here through its communication hook
+(``rank/trace_ddp.py``), its parameter and buffer broadcasts through ``_broadcast_coalesced``. Every group is
+one ledger, whichever way it is named (``None``, ``dist.group.WORLD``, the group object).
 """
 
 import functools
@@ -33,11 +39,21 @@ def install(dist):
     for name, spec in _CALLS.items():
         function = getattr(dist, name, None)
         if function is not None:
+            original[name] = function
             setattr(dist, name, _wrap(dist, function, name, spec))
+    coalesced = getattr(dist, "_broadcast_coalesced", None)
+    if coalesced is not None:
+        dist._broadcast_coalesced = _wrap_coalesced(dist, coalesced)
     destroy = getattr(dist, "destroy_process_group", None)
     if destroy is not None:
         dist.destroy_process_group = _keeping_group_names(destroy)
+    from . import trace_ddp
 
+    when_imported("torch.nn.parallel.distributed", trace_ddp.install)
+
+
+original = {}  # name -> torch's own function, before wrapping
+_groups = {}  # ledger name -> the group it counts (None: the default group), for stand-ins
 
 def _keeping_group_names(destroy):
     """``destroy_process_group`` that leaves torch's count of process groups where it was.
@@ -67,27 +83,35 @@ def _keeping_group_names(destroy):
 
 def install_when_imported():
     """Wrap ``torch.distributed`` now if it is imported, else the moment it is (idempotent)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        install(dist)
-    elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    when_imported("torch.distributed", install)
+
+
+def when_imported(name, then):
+    """``then(module)`` now if module *name* is imported, else the moment it is."""
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+    elif not any(isinstance(finder, _Finder) and finder.name == name for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(name, then))
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: lets the other finders find ``torch.distributed``, then wraps it once loaded."""
+    """Finds nothing itself: lets the other finders find module *name*, then calls *then* with it once loaded."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch.distributed":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
-            execute = spec.loader.exec_module
+            execute, then = spec.loader.exec_module, self.then
 
             def exec_module(module):
                 execute(module)
-                install(module)
+                then(module)
 
             spec.loader.exec_module = exec_module
         return spec
@@ -103,33 +127,73 @@ def _wrap(dist, function, name, spec):
         if root is None and root_at is not None and root_at < len(args):
             root = args[root_at]
         group = kwargs.get("group")
+        launched = kwargs.get("async_op")
         info = None
         start = _now()
-        if not p2p and not kwargs.get("async_op"):
+        if not p2p:
             info = _ledger(dist, group)
             count, dtype = _shape(tensor)
             signature = (name, root, count, dtype)
             info.count += 1
             seq = info.count
             info.recent.append((seq, signature))
-            _state.enter(info, seq, signature, start)
+            if not launched:
+                _state.enter(info, seq, signature, start)
+        work = None
         try:
-            return function(*args, **kwargs)
+            work = function(*args, **kwargs)
+            return work
         finally:
             end = _now()
             if info is not None:
-                _state.leave()
-            _state.comm_ns += end - start
+                if launched:
+                    if work is not None:
+                        _state.launched(info, seq, signature, start, work)
+                else:
+                    _state.leave()
+            if not launched:
+                _state.comm_ns += end - start
             if _state.spans is not None:
-                size = _bytes(tensor)
-                sent, received = (size, 0) if name != "recv" else (0, size)
-                count, dtype = _shape(tensor)
-                detail = f"{count} x {dtype}" if count is not None else ""
-                _state.spans.append((name, _group_name(dist, group), root, sent, received, start, end,
-                                     info.count if info is not None else None, "torch", detail))
-                _state.recorded += 1
+                _span(dist, name, group, root, tensor, start, end, info.count if info is not None else None)
 
     return call
+
+
+def _span(dist, name, group, root, tensor, start, end, seq):
+    size = _bytes(tensor)
+    sent, received = (size, 0) if name != "recv" else (0, size)
+    count, dtype = _shape(tensor)
+    detail = f"{count} x {dtype}" if count is not None else ""
+    _state.spans.append((name, _group_name(dist, group), root, sent, received, start, end, seq, "torch", detail))
+    _state.recorded += 1
+
+
+def _wrap_coalesced(dist, function):
+    """``dist._broadcast_coalesced(group, tensors, buffer_size, src)``, which DDP broadcasts its parameters (at
+    construction) and buffers (each forward) with, as one collective of the group's ledger."""
+
+    @functools.wraps(function)
+    def broadcast_coalesced(group, tensors, buffer_size, src=0):
+        count = sum(tensor.numel() for tensor in tensors)
+        dtypes = {tensor.dtype for tensor in tensors}
+        dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None
+        info, seq, signature, start = note(dist, group, "broadcast_coalesced", src, count, dtype)
+        _state.enter(info, seq, signature, start)
+        try:
+            return function(group, tensors, buffer_size, src)
+        finally:
+            _state.leave()
+
+    return broadcast_coalesced
+
+
+def note(dist, group, op, root, count, dtype):
+    """Count collective *op* of *group* in its ledger: ``(ledger, seq, signature, start_ns)``."""
+    info = _ledger(dist, group)
+    signature = (op, root, count, dtype)
+    info.count += 1
+    info.recent.append((info.count, signature))
+    return info, info.count, signature, _now()
 
 
 def _ledger(dist, group):
@@ -142,13 +206,56 @@ def _ledger(dist, group):
         except Exception:  # noqa: BLE001 - a group torch cannot describe: compare it by name only
             members = ()
         ledger = _state.ledger(name, members)
+        _groups[name] = group
     return ledger
 
 
 def _group_name(dist, group):
     if group is None:
         return "torch:default"
-    return f"torch:{getattr(group, 'group_name', None) or id(group)}"
+    name = getattr(group, "group_name", None)
+    default = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    default = getattr(default, "default_pg", None)
+    if group is default or (name is not None and name == getattr(default, "group_name", False)):
+        return "torch:default"
+    return f"torch:{name or id(group)}"
+
+
+def stand_in(name, signature):
+    """Enter collective *signature* of ledger *name* with zeros of its count and type, so that the ranks waiting
+    in it complete it (``rank/settle.py``); it is counted as theirs was, signature and all."""
+    import torch
+
+    if name not in _groups:
+        raise LookupError(f"process group {name} is not known on this rank")
+    group = _groups[name]
+    op, root, count, dtype = signature
+    size = _size(group)
+    kind = getattr(torch, dtype) if dtype else torch.float32
+    calls = {
+        "all_reduce": lambda: original["all_reduce"](torch.zeros(count, dtype=kind), group=group),
+        "DDP all_reduce": lambda: original["all_reduce"](torch.zeros(count, dtype=kind), group=group),
+        "broadcast": lambda: original["broadcast"](torch.zeros(count, dtype=kind), src=root, group=group),
+        "reduce": lambda: original["reduce"](torch.zeros(count, dtype=kind), dst=root, group=group),
+        "barrier": lambda: original["barrier"](group=group),
+        "all_gather": lambda: original["all_gather"]([torch.zeros(count, dtype=kind) for _ in range(size)],
+                                                      torch.zeros(count, dtype=kind), group=group),
+        "all_gather_into_tensor": lambda: original["all_gather_into_tensor"](
+            torch.zeros(count * size, dtype=kind), torch.zeros(count, dtype=kind), group=group),
+    }
+    call = calls.get(op)
+    if call is None or (count is None and op != "barrier"):
+        raise ValueError(f"cannot stand in for {op} on {name}")
+    info = _state.ledgers[name]
+    info.count += 1
+    info.recent.append((info.count, tuple(signature)))
+    call()
+
+
+def _size(group):
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
 
 
 def _shape(tensor):

@@ -81,6 +81,9 @@ class State:
         self.p2p = None  # the blocking point-to-point call the main thread is in (see rank/intercept.py)
         self.note_p2p = True  # note it (False only to measure what noting costs: benchmarks/healthy.py)
         self.current = None  # (ledger, seq, signature, start_ns) while the main thread waits in a collective
+        # the asynchronous collectives launched and maybe not complete (torch's async_op calls, DDP's gradient
+        # buckets): ((ledger, seq, signature, start_ns), work), oldest first; a thread waits on them in C++
+        self.outstanding = collections.deque()
         self.comm_ns = 0  # time spent in communication calls so far (blocking calls and waits)
         self.spans = None  # a deque while tracing, else None
         self.recorded = 0  # spans appended since tracing began (to tell how many the ring dropped)
@@ -105,6 +108,25 @@ class State:
             op, root, count, dtype = signature
             MIRROR.pack_into(mirror, 0, 0, 1, seq, -1 if root is None else root, -1 if count is None else count,
                              start, _encode(op), _encode(dtype), ledger.encoded)
+
+    def launched(self, ledger, seq, signature, start, work):
+        """Asynchronous collective *seq* of *ledger* was launched at *start* (ns); *work* says when it is complete
+        (``is_completed()``). The complete ones at the front are let go here, by the threads that launch."""
+        outstanding = self.outstanding
+        while outstanding and outstanding[0][1].is_completed():
+            outstanding.popleft()
+        outstanding.append(((ledger, seq, signature, start), work))
+
+    def waiting_in(self):
+        """What this rank waits in: the main thread's collective, else the oldest asynchronous one not complete
+        (the same tuple each time it is asked, until it completes); ``None``."""
+        current = self.current
+        if current is not None:
+            return current
+        for entry, work in list(self.outstanding):
+            if not work.is_completed():
+                return entry
+        return None
 
     def leave(self, done=True):
         """The wait is over: the collective completed (*done*), or raised (then the mirror keeps it, marked)."""
@@ -160,12 +182,15 @@ class State:
 
     def where(self):
         """This rank's answer to a roll call: the collective it waits in, its recent collectives and its stack."""
-        current = self.current
+        current = self.waiting_in()
         waiting = None
         if current is not None:
             ledger, seq, signature, start = current
             waiting = {"comm": ledger.name, "members": ledger.members, "seq": seq, "signature": signature,
                        "waited": (now_ns() - start) / 1e9}
+            if current is not self.current:  # the later asynchronous ones it waits for too (DDP's next buckets)
+                waiting["then"] = [(entry[1], entry[2]) for entry, work in list(self.outstanding)
+                                   if entry[0] is ledger and entry[1] > seq and not work.is_completed()]
         ledgers = {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
                    for name, ledger in list(self.ledgers.items())}
         from .intercept import stuck_p2p
