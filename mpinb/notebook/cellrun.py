@@ -16,6 +16,7 @@ from .diagnose import capture_stacks
 from .mismatch import MismatchWatch, after_cell, at_death
 from .perrank import PerRank
 from .rank_errors import announce, check_deaths, died_earlier, lost, stopped, why_stuck
+from .replicas import differences
 from .recover import Recovery
 
 COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
@@ -251,6 +252,7 @@ class CellRun:
         result.first_failure = self.first_failure[0] if self.first_failure else None
         self._errors_and_values()
         self._mismatch_verdicts()
+        result.warnings = differences(self.replies, self.world.warned)
         if self.recovery is not None and result.trouble is not None:
             if self.recovery.plan is not None and not result.stuck:
                 result.recovered = self.recovery.note

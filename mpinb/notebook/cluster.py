@@ -128,6 +128,7 @@ class World:
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
         self.lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
+        self.warned = set()  # what was said once about this world's ranks (replicas that drifted apart)
         self._reaper = None
         self._processes = []
         self._engine_processes = {}  # rank -> psutil.Process of its engine on this host, made on first check

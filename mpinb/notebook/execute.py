@@ -26,6 +26,7 @@ class CellResult:
     gather_errors: dict = field(default_factory=dict)  # name -> {rank: message}
     gather_stats: dict = field(default_factory=dict)  # name -> {rank: {leaf path: statistics}}
     gather_notes: list = field(default_factory=list)  # how gathers travelled when not as asked
+    warnings: list = field(default_factory=list)  # what the cell did that is likely a bug (replicas drifted apart)
     trouble: str = None  # why mpinb stopped the cell: "timeout", "failure" (a rank failed), "interrupt"
     stacks: dict = field(default_factory=dict)  # rank -> RankStack captured when the cell was stopped
     stuck: list = field(default_factory=list)  # ranks that did not answer the interrupt

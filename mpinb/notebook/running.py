@@ -63,7 +63,7 @@ class Running:
         if tracer is not None:
             self.last_trace = tracer.finish(result.ranks)
         self.shell.user_ns.update(result.gathered)
-        for note in result.gather_notes:
+        for note in result.gather_notes + result.warnings:
             print(f"[mpinb] {note}", file=sys.stderr)
         if gather and inspect and result.gathered:
             self._show_inspector(result)

@@ -15,7 +15,7 @@ import zmq
 
 from ..wire import messages, shm
 from ..wire.kinds import Cell, Hello, Reply
-from . import debug, gather, report, rollcall, runner, stacks, trace_torch, tracing
+from . import debug, gather, replicas, report, rollcall, runner, stacks, trace_torch, tracing
 from .abort_watch import AbortWatch
 from .outbox import Ask, BetweenCells, ChannelStream, Outbox, TraceEnd, TraceStart
 
@@ -116,6 +116,8 @@ class Agent:
                 reply = runner.run_cell(code, number=number, source=options.get("source"))
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply["collectives"] = (tracing.state.counts(), tracing.state.changed(counts))
+            if replicas.watched and "error" not in reply:  # models meant to be the same on every rank
+                reply["replicas"] = replicas.fingerprints(runner.user_namespace())
             if options.get("gather"):
                 reply["gathered"], buffers = self._gather(options["gather"], options)
         except BaseException as exc:  # noqa: BLE001 - a cell always gets its reply, or the notebook waits forever

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
+from . import replicas
 from .agreement import _agree, _digest, _signature
 from .flat_buffers import _buckets, _chunks, _flatten, _mpi_buffer, _unflatten, _wire_buffer
 from .optimizer_state import _optimizer_signature, _share_skeleton, _with_tensors
@@ -66,6 +67,8 @@ def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
     _agree(comm, "broadcast_parameters", _signature(named, grads=False), problem=problem or bad_params,
            same={"root": root})
     _broadcast(comm, named, root, slot="broadcast")
+    if isinstance(params, torch.nn.Module):
+        replicas.watch(params)
 
 
 def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=None):
@@ -136,6 +139,7 @@ def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, 
     are skipped; one with a gradient on some ranks only is an error naming it and the ranks.
     """
     comm = _world(comm)
+    replicas.watch(model)
     named = [(name, p) for name, p in _named(model) if p.requires_grad]
     _agree(comm, "allreduce_gradients", _signature(named))
     with torch.no_grad():
@@ -167,6 +171,7 @@ class GradientAllreducer:
         self.average, self.compression = average, compression
         self.named = [(name, p) for name, p in _named(model) if p.requires_grad]
         _agree(self.check, "GradientAllreducer", _signature(self.named, grads=False))
+        replicas.watch(model)
         self.buckets = _buckets(self.named, bucket_bytes=bucket_mb << 20)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for _, p in bucket}
         self._reset()

@@ -29,7 +29,7 @@ SIGNAL = signal.SIGUSR2
 # where the user's code is, so left out of the stacks and tracebacks users see
 WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/traced_calls.py", "mpinb/rank/traced_comms.py",
             "mpinb/rank/call_arguments.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py",
-            "mpinb/rank/guards.py")
+            "mpinb/rank/guards.py", "mpinb/rank/trace_ddp.py", "mpinb/rank/sampler_epochs.py")
 
 _file = None
 _path = None  # the path of _file

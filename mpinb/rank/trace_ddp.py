@@ -17,7 +17,7 @@ import functools
 import re
 import weakref
 
-from . import trace_torch, tracing
+from . import replicas, trace_torch, tracing
 
 OP = "DDP all_reduce"
 _state = tracing.state
@@ -39,6 +39,7 @@ def install(module):
     def __init__(self, *args, **kwargs):
         made(self, *args, **kwargs)
         models.add(self)
+        replicas.watch(self)
         reducer = getattr(self, "reducer", None)
         if reducer is None or getattr(self, "_comm_hooks", None):
             return

@@ -82,8 +82,12 @@ def _keeping_group_names(destroy):
 
 
 def install_when_imported():
-    """Wrap ``torch.distributed`` now if it is imported, else the moment it is (idempotent)."""
+    """Wrap ``torch.distributed`` now if it is imported, else the moment it is (idempotent); the same for
+    ``DistributedSampler`` (``rank/sampler_epochs.py``)."""
+    from . import sampler_epochs
+
     when_imported("torch.distributed", install)
+    when_imported("torch.utils.data.distributed", sampler_epochs.install)
 
 
 def when_imported(name, then):
@@ -139,9 +143,10 @@ def _wrap(dist, function, name, spec):
             info.recent.append((seq, signature))
             if not launched:
                 _state.enter(info, seq, signature, start)
-        work = None
+        work, done = None, False
         try:
             work = function(*args, **kwargs)
+            done = True
             return work
         finally:
             end = _now()
@@ -150,7 +155,7 @@ def _wrap(dist, function, name, spec):
                     if work is not None:
                         _state.launched(info, seq, signature, start, work)
                 else:
-                    _state.leave()
+                    _state.leave(done)  # one that raised stays in the mirror, marked: its last words
             if not launched:
                 _state.comm_ns += end - start
             if _state.spans is not None:
@@ -179,10 +184,13 @@ def _wrap_coalesced(dist, function):
         dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None
         info, seq, signature, start = note(dist, group, "broadcast_coalesced", src, count, dtype)
         _state.enter(info, seq, signature, start)
+        done = False
         try:
-            return function(group, tensors, buffer_size, src)
+            result = function(group, tensors, buffer_size, src)
+            done = True
+            return result
         finally:
-            _state.leave()
+            _state.leave(done)
 
     return broadcast_coalesced
 
