@@ -154,6 +154,11 @@ def destroy_process_group():
 _current = {}
 
 
+def bound_device():
+    """The device :func:`init_process_group` bound this rank to (``"cuda:1"``, ``"cpu"``), or ``None`` before."""
+    return _current.get("device")
+
+
 def _free_port(host):
     with socket.socket() as probe:
         probe.bind((host, 0))

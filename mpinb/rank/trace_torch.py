@@ -11,6 +11,7 @@ one ledger, whichever way it is named (``None``, ``dist.group.WORLD``, the group
 import functools
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 from . import tracing
@@ -240,16 +241,21 @@ def stand_in(name, signature):
     op, root, count, dtype = signature
     size = _size(group)
     kind = getattr(torch, dtype) if dtype else torch.float32
+    device = _device(group)
+
+    def zeros(n):
+        return torch.zeros(n, dtype=kind, device=device)
+
     calls = {
-        "all_reduce": lambda: original["all_reduce"](torch.zeros(count, dtype=kind), group=group),
-        "DDP all_reduce": lambda: original["all_reduce"](torch.zeros(count, dtype=kind), group=group),
-        "broadcast": lambda: original["broadcast"](torch.zeros(count, dtype=kind), src=root, group=group),
-        "reduce": lambda: original["reduce"](torch.zeros(count, dtype=kind), dst=root, group=group),
+        "all_reduce": lambda: original["all_reduce"](zeros(count), group=group),
+        "DDP all_reduce": lambda: original["all_reduce"](zeros(count), group=group),
+        "broadcast": lambda: original["broadcast"](zeros(count), src=root, group=group),
+        "reduce": lambda: original["reduce"](zeros(count), dst=root, group=group),
         "barrier": lambda: original["barrier"](group=group),
-        "all_gather": lambda: original["all_gather"]([torch.zeros(count, dtype=kind) for _ in range(size)],
-                                                      torch.zeros(count, dtype=kind), group=group),
-        "all_gather_into_tensor": lambda: original["all_gather_into_tensor"](
-            torch.zeros(count * size, dtype=kind), torch.zeros(count, dtype=kind), group=group),
+        "all_gather": lambda: original["all_gather"]([zeros(count) for _ in range(size)], zeros(count),
+                                                     group=group),
+        "all_gather_into_tensor": lambda: original["all_gather_into_tensor"](zeros(count * size), zeros(count),
+                                                                             group=group),
     }
     call = calls.get(op)
     if call is None or (count is None and op != "barrier"):
@@ -264,6 +270,21 @@ def _size(group):
     import torch.distributed as dist
 
     return dist.get_world_size(group)
+
+
+def _device(group):
+    """Where a stand-in's tensors must be: the rank's GPU for NCCL (this thread's current device is not the
+    main thread's, so it is asked of ``mpinb.torch``'s record, else taken as the local rank's), else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend(group) != "nccl":
+        return torch.device("cpu")
+    from .process_group import bound_device
+
+    if bound_device() not in (None, "cpu"):
+        return torch.device(bound_device())
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def _shape(tensor):
