@@ -13,6 +13,13 @@ Cases, each through ``%%mpi`` on a real world in one IPython shell, median of --
                 the cell; the ranks are found in different collectives after ``collective_wait`` (1 s) of waiting.
   mismatch, pickle-based   rank 1 of 2 in ``comm.allreduce``, rank 0 in ``comm.bcast``: the waiting rank holds the
                 GIL, so it is read from its mirror file and its stack, not asked.
+  DDP uneven inputs   a DDP model, 6 batches on rank 0 and 5 on rank 1: rank 0 waits in its sixth backward for a
+                gradient bucket rank 1 never sends (without mpinb, gloo's timeout ends it after 120 s).
+  DDP order     rank 0 ``dist.all_reduce`` then ``dist.broadcast``, rank 1 the other way round.
+  DDP sizes     ``dist.all_reduce`` of 4 elements on rank 0, 8 on rank 1: gloo aborts a rank at once, the world is
+                restarted (not kept, by the backend's doing).
+  DDP unused parameters   rank 0 uses layer ``a``, rank 1 layer ``b`` of one DDP model: DDP's error at the second
+                forward, with the parameters named.
 The diagnosis is on screen when the notebook has printed where each rank is ("blocked in", or the failing
 rank's exception, or the mismatch); the limits are 1 s for the diagnosis (3 s for a mismatch, 1 s of which is
 ``collective_wait``) and 6 s for the whole cell.
@@ -40,7 +47,23 @@ CASES = {
                  "else:\n    comm.Bcast(np.zeros(4), root=0)", "", "start"),
     "mismatch, pickle-based": (2, "x = comm.allreduce(1) if rank == 1 else comm.bcast(1, root=0)", "", "start"),
 }
-LIMITS = {"mismatch": 3.0, "mismatch, pickle-based": 3.0}
+DDP = ("import torch, torch.distributed as dist\nimport mpinb.torch as mt\nmt.init_process_group()\n"
+       "torch.manual_seed(0)\nmodel = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
+       "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nbatches = [torch.randn(8, 4) for _ in range(11)][rank::2]\n"
+       "class Two(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+       "        self.a, self.b = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)\n"
+       "    def forward(self, x):\n        return self.a(x) if rank == 0 else self.b(x)\n")
+DDP_CASES = {
+    "DDP uneven inputs": (2, "for x in batches:\n    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()",
+                          "", "start"),
+    "DDP order": (2, "t = torch.ones(4)\nif rank == 0:\n    dist.all_reduce(t)\n    dist.broadcast(t, src=0)\nelse:\n"
+                  "    dist.broadcast(t, src=0)\n    dist.all_reduce(t)", "", "start"),
+    "DDP sizes": (2, "dist.all_reduce(torch.ones(4 if rank == 0 else 8))", "", "start"),
+    "DDP unused parameters": (2, "two = torch.nn.parallel.DistributedDataParallel(Two())\nfor _ in range(2):\n"
+                              "    two(batches[0]).sum().backward()", "", "start"),
+}
+CASES.update(DDP_CASES)
+LIMITS = {"mismatch": 3.0, "mismatch, pickle-based": 3.0, "DDP uneven inputs": 3.0, "DDP order": 3.0}
 TRIGGER_AFTER = {"timeout": 5.0, "interrupt": 1.0, "start": 0.0}
 
 
@@ -66,6 +89,8 @@ def run_case(ip, name):
     if magics.world is None or not magics.world.running or magics.world.size != size:
         ip.run_line_magic("mpi", "stop") if magics.world is not None and magics.world.running else None
         ip.run_line_magic("mpi", f"start -n {size}")
+    if name in DDP_CASES:
+        ip.run_cell(f"%%mpi\n{DDP}")  # idempotent: the process group is made once per world
     pids = [magics.world.identities[rank]["pid"] for rank in magics.world.ranks]
     out, err = Stamped(sys.stdout), Stamped(sys.stderr)
     sys.stdout, sys.stderr = out, err
@@ -81,8 +106,9 @@ def run_case(ip, name):
         sys.stdout, sys.stderr = out.inner, err.inner
     at = started + TRIGGER_AFTER[trigger]
     shown = min(t for t in (out.first, err.first, ended) if t is not None)
-    kept = magics.world.running and [magics.world.identities[rank]["pid"] for rank in magics.world.ranks] == pids
-    if not magics.world.running or magics.world.dead_ranks():
+    dead = not magics.world.running or magics.world.dead_ranks()
+    kept = not dead and [magics.world.identities[rank]["pid"] for rank in magics.world.ranks] == pids
+    if dead:
         ip.run_line_magic("mpi", "restart")
     return shown - at, ended - at, kept
 
