@@ -9,7 +9,7 @@ from test_debug import kernel, run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
 
-RESTART_ADVICE = "%mpi restart starts a fresh world of the same size"
+RESTART_ADVICE = "%mpi restart starts a fresh world of the same size (every rank's variables ended with this one)"
 
 
 def failed(fn):
