@@ -18,7 +18,9 @@ def metrics(run=None):
 
     Columns: ``run, rank, step, name, value, time`` (one row per rank, step and metric; ``time`` is when the
     rank reported it), sorted by run, rank and step. Nothing is decimated: every reported value is here.
-    *run* keeps one run only. Call it in the notebook, after ``%load_ext mpinb``.
+    *run* keeps one run only. A cell that reports into a run again from a step the run already passed (a re-run
+    of the training cell) starts a run of its own, named ``"main #2"`` and so on; a cell that goes on counting
+    steps continues the run. Call it in the notebook, after ``%load_ext mpinb``.
     """
     return _magics("mpinb.metrics() reads the notebook's copy of what ranks reported: call it in the notebook "
                    "after %load_ext mpinb (on a rank, mpinb.report() is what sends values)").history.to_frame(run)

@@ -123,3 +123,27 @@ def test_metrics_outside_the_notebook_says_where_it_works():
     assert done.returncode == 1
     assert "RuntimeError: mpinb.metrics() reads the notebook's copy" in done.stderr
     assert "call it in the notebook after %load_ext mpinb" in done.stderr
+
+
+def test_a_re_run_of_the_training_cell_is_a_run_of_its_own(fresh, ip, capsys):
+    """Steps 0-59 reported twice from cells run one after the other (as a re-run does): two runs, each with its own
+    curve and rates, told apart in mpinb.metrics(); a cell that goes on counting continues the run."""
+    fresh(2)
+    training = "%%mpi\nimport mpinb, time\nfor step in range(60):\n    time.sleep(0.01)\n" \
+               "    mpinb.report(step=step, loss=1.0 / (step + 1))"
+    for _ in range(2):
+        assert ip.run_cell(training).success
+    frame = mpinb.metrics()
+    assert sorted(frame.run.unique()) == ["main", "main #2"]
+    for run in ("main", "main #2"):
+        for rank in (0, 1):
+            rows = frame[(frame.run == run) & (frame["rank"] == rank)]
+            assert rows.step.tolist() == list(range(60))  # no curve joins step 59 back to step 0
+    history = ip.magics_manager.registry["MPIMagics"].history
+    assert all(rate is not None and rate > 0 for rate in history.rates("main #2").values())
+    assert ip.run_cell(training.replace("range(60)", "range(60, 70)")).success  # counting on: the same run
+    frame = mpinb.metrics()
+    assert sorted(frame.run.unique()) == ["main", "main #2"]
+    assert frame[(frame.run == "main #2") & (frame["rank"] == 0)].step.tolist() == list(range(70))
+    out = capsys.readouterr().out
+    assert "metrics of run 'main #2':" in out

@@ -46,6 +46,11 @@ class Progress:
 class History:
     """Metrics of every rank, by run, rank and name; nothing is ever dropped or decimated here.
 
+    A run is what ``report(run=...)`` names (``"main"`` by default), cut where a cell starts it over: when a
+    later cell reports into a run at a step at or before the last step the run reached, that cell's reports are a
+    new run, ``"main #2"`` (a re-run of the training cell, or another cell counting from 0 again), with its own
+    curves, steps/s and waits. A cell that goes on counting steps continues the run.
+
     Parameters
     ----------
     window : float, default 5.0
@@ -63,13 +68,40 @@ class History:
         self.names = {}  # run -> metric names in the order they first appeared
         self.alerts = []  # (run, rank, note, message), in the order they were found
         self._nonfinite = set()  # (run, rank, name) already alerted
+        self.cell = 0  # how many cells began (begin_cell): the one reporting now
+        self._current = {}  # reported run name -> the run its reports go to now
+        self._opened_in = {}  # run -> the cell that last reported into it
+        self._last_step = {}  # run -> the highest step any rank reported into it
+
+    def begin_cell(self):
+        """A cell starts: a run it reports into at a step the run already passed starts over (counted here, not
+        by the shell's execution count, which front ends that keep no history do not advance)."""
+        self.cell += 1
+
+    def current_run(self, name):
+        """The run ``report(run=name)`` goes to now (``name``, or ``"name #2"`` after a re-run)."""
+        return self._current.get(name, name)
+
+    def _run_for(self, name, step):
+        """The run a report of run *name* at *step* belongs to (see the class's docstring)."""
+        run = self._current.get(name)
+        if run is None:
+            run = self._current[name] = name
+        elif self._opened_in.get(run) != self.cell and step <= self._last_step.get(run, step - 1):
+            number = sum(1 for key in self.names if key == name or key.startswith(f"{name} #")) + 1
+            run = self._current[name] = f"{name} #{number}"
+        self._opened_in[run] = self.cell
+        if step > self._last_step.get(run, step - 1):
+            self._last_step[run] = step
+        return run
 
     def add(self, rank, records, *, arrived=None):
         """Append a batch ``[(run, step, time, {name: value}), ...]`` from *rank*; return the new alerts."""
         arrived = time.monotonic() if arrived is None else arrived
         new_alerts = []
         touched = {}
-        for run, step, when, values, *comm in records:
+        for reported, step, when, values, *comm in records:
+            run = self._run_for(reported, step)
             progress = touched.get(run)
             if progress is None:
                 progress = touched[run] = self._progress(run, rank)

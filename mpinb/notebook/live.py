@@ -49,8 +49,9 @@ class LiveMetrics:
         self.records += len(records)
         alerts = self.history.add(rank, records)
         for record in records:
-            if record[0] not in self.runs:
-                self.runs.append(record[0])
+            run = self.history.current_run(record[0])
+            if run not in self.runs:
+                self.runs.append(run)
         if alerts and self.text:
             self.stderr.write("".join(f"[mpinb] {alert}\n" for alert in alerts))
             self.stderr.flush()

@@ -30,6 +30,7 @@ class Running:
                               max_points=self.max_points)
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
         number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
+        self.history.begin_cell()
         options = {"report_interval": self.report_interval, "collective_wait": self.collective_wait or None}
         # IPython's syntax turned into Python once here, not by every rank
         options["source"] = _transformed(self.shell, cell)
