@@ -15,7 +15,7 @@ import zmq
 
 from ..wire import messages, shm
 from ..wire.kinds import Cell, Hello, Reply
-from . import debug, gather, replicas, report, rollcall, runner, stacks, trace_torch, tracing
+from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, tracing
 from .abort_watch import AbortWatch
 from .outbox import Ask, BetweenCells, ChannelStream, Outbox, TraceEnd, TraceStart
 
@@ -73,7 +73,7 @@ class Agent:
         path = stacks.install()
         stacks.keep_native_stderr()
         tracing.state.mirror_to(stacks.ledger_path(path))
-        trace_torch.install_when_imported()
+        torch_hooks.install_when_imported()
         self.abort_watch = AbortWatch(self.outbox)
         self.rollcall = rollcall.RollCall(context, cells, key, rank, encrypt=encrypt)
         self.cell_id = None

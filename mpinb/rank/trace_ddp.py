@@ -29,7 +29,7 @@ def install(module):
     """Give every DDP model of *module* (``torch.nn.parallel.distributed``) made from now on a :class:`Buckets`
     hook (idempotent)."""
     global _done
-    if _done:
+    if _done or not trace_torch.original:  # torch.distributed is not wrapped (not available): nothing to note
         return
     _done = True
     ddp = module.DistributedDataParallel

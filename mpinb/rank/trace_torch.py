@@ -9,10 +9,7 @@ one ledger, whichever way it is named (``None``, ``dist.group.WORLD``, the group
 """
 
 import functools
-import importlib.abc
-import importlib.util
 import os
-import sys
 
 from . import tracing
 
@@ -48,9 +45,6 @@ def install(dist):
     destroy = getattr(dist, "destroy_process_group", None)
     if destroy is not None:
         dist.destroy_process_group = _keeping_group_names(destroy)
-    from . import trace_ddp
-
-    when_imported("torch.nn.parallel.distributed", trace_ddp.install)
 
 
 original = {}  # name -> torch's own function, before wrapping
@@ -80,46 +74,6 @@ def _keeping_group_names(destroy):
                 world.group_count = count
 
     return destroy_process_group
-
-
-def install_when_imported():
-    """Wrap ``torch.distributed`` now if it is imported, else the moment it is (idempotent); the same for
-    ``DistributedSampler`` (``rank/sampler_epochs.py``)."""
-    from . import sampler_epochs
-
-    when_imported("torch.distributed", install)
-    when_imported("torch.utils.data.distributed", sampler_epochs.install)
-
-
-def when_imported(name, then):
-    """``then(module)`` now if module *name* is imported, else the moment it is."""
-    module = sys.modules.get(name)
-    if module is not None:
-        then(module)
-    elif not any(isinstance(finder, _Finder) and finder.name == name for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder(name, then))
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: lets the other finders find module *name*, then calls *then* with it once loaded."""
-
-    def __init__(self, name, then):
-        self.name, self.then = name, then
-
-    def find_spec(self, name, path=None, target=None):
-        if name != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            execute, then = spec.loader.exec_module, self.then
-
-            def exec_module(module):
-                execute(module)
-                then(module)
-
-            spec.loader.exec_module = exec_module
-        return spec
 
 
 def _wrap(dist, function, name, spec):
