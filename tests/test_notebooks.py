@@ -4,6 +4,7 @@
 import base64
 import re
 import time
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -134,6 +135,8 @@ EXERCISES = {  # tutorial -> (a line of its check cell, what the check says when
     "06_model_and_hybrid_parallel.ipynb": ("got = {\"data\": data.allgather(rank)",
                                            "rank 0's data communicator holds ranks [0, 1, 2, 3]; it should hold the "
                                            "ranks with the same stage: [0, 2]"),
+    "07_debugging_ddp.ipynb": ("average_batchnorm_statistics(bn)", "running_var on rank 0 is still this rank's "
+                                                                  "own, not the mean over the ranks"),
 }
 
 
@@ -261,3 +264,104 @@ def test_06_model_and_hybrid_parallel():
     assert "stopped" in cell["%mpi stop"]
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+MPINB_FRAME = re.compile(r"mpinb/(notebook|rank|wire)/")  # a traceback frame of mpinb's own code
+
+
+def shown(cell):
+    """All a cell showed, tracebacks included (``text_of`` keeps only an error's last line), colours removed."""
+    parts = []
+    for output in cell.outputs:
+        if output.output_type == "stream":
+            parts.append(output.text)
+        elif output.output_type in ("execute_result", "display_data"):
+            parts.append(output.data.get("text/plain", ""))
+        elif output.output_type == "error":
+            parts.extend(output.traceback)
+    return ANSI.sub("", "\n".join(parts))
+
+
+def seconds(cell):
+    """How long the kernel took to run a cell, from the timestamps nbclient keeps in its metadata."""
+    timing = cell.metadata.execution
+    start, end = (datetime.fromisoformat(timing[key]) for key in ("iopub.execute_input", "shell.execute_reply"))
+    return (end - start).total_seconds()
+
+
+def test_07_debugging_ddp_names_each_bug():
+    """Each DDP bug the tutorial plants is named in its own cell's output (the ranks, the collective or the
+    parameters, the fix), within seconds and with no --timeout; each fix runs cleanly; no output shows a frame of
+    mpinb's own code."""
+    notebook = execute("07_debugging_ddp.ipynb")
+    code = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
+    for c in code:
+        assert not [line for line in shown(c).splitlines() if MPINB_FRAME.search(line)], shown(c)
+    failing = [c for c in code if "raises-exception" in c.metadata.get("tags", [])]
+    assert len(failing) == 4  # uneven inputs, a rank-dependent branch, collective order, collective sizes
+    for c in code:
+        errors = [o for o in c.outputs if o.output_type == "error"]
+        assert bool(errors) == (c in failing), (c.source[:60], shown(c))
+    for c in failing:  # named by mpinb's ledger within seconds, not after gloo's 30-minute timeout
+        assert seconds(c) < 20, (c.source[:60], seconds(c))
+
+    def cell(key):
+        return shown(next(c for c in code if key in c.source))
+
+    figure = next(c for c in code if c.source.startswith("import matplotlib"))
+    assert any("image/png" in o.get("data", {}) for o in figure.outputs) and "hide-input" in figure.metadata.tags
+    assert "[rank 0] 6 batches on rank 0" in cell("%%mpi -n 2") and "[rank 1] 5 batches on rank 1" in cell("%%mpi -n 2")
+
+    uneven = cell("%%mpi\nfor x in batches:\n    step(x)")
+    assert "rank 0 in DDP all_reduce(5 x float32) at cell line 2" in uneven, uneven
+    assert "rank 1 finished the cell without entering it" in uneven and "Likely uneven inputs" in uneven
+    assert "model.join()" in uneven and "drop_last=True" in uneven
+    assert "the world and every rank's variables are kept" in uneven and "Timed out" not in uneven
+    joined = re.findall(r"^\[rank (\d)\] (\d) steps on rank \d, weight sum (\S+)$", cell("with model.join():"), re.M)
+    assert sorted(joined)[0][:2] == ("0", "6") and sorted(joined)[1][:2] == ("1", "5")  # every batch trained
+    assert len({weights for *_, weights in joined}) == 1  # the same weights on both ranks
+
+    branch = cell("return self.a(x) if rank == 0 else self.b(x)")
+    assert "parameters b.weight, b.bias of the DDP model got no gradient on rank 0" in branch, branch
+    assert "parameters a.weight, a.bias of the DDP model got no gradient on rank 1" in branch
+    assert "find_unused_parameters=True" in branch
+    sums = re.findall(r"^\[rank \d\] (a\.weight\.grad sum .+)$", cell("find_unused_parameters=True)"), re.M)
+    assert len(sums) == 2 and len(set(sums)) == 1
+
+    drift = cell("loaded.module.load_state_dict(checkpoint)")
+    assert "the parameters of `loaded` differ across ranks after this cell (bias, weight: rank 0; rank 1" in drift
+    restored = cell("restored = DDP(linear)")
+    assert "differ across ranks" not in restored
+    assert restored.count("weight [[0.5, 0.5, 0.5, 0.5]] bias [0.0]") == 2  # rank 0's checkpoint on both ranks
+
+    batchnorm = cell("normed = DDP(")
+    assert "the BatchNorm statistics of `normed` differ across ranks (1.running_mean" in batchnorm, batchnorm
+    assert "SyncBatchNorm.convert_sync_batchnorm" in batchnorm and "GroupNorm" in batchnorm
+    grouped = cell("grouped = DDP(")
+    assert "differ across ranks" not in grouped and grouped.count("buffers: []") == 2
+
+    unshuffled = cell("sampler = DistributedSampler(data, shuffle=True)\nfor epoch in range(3):\n    print(")
+    assert unshuffled.count("iterated again with epoch 0") == 2 and "sampler.set_epoch(epoch)" in unshuffled
+    reshuffled = cell("sampler.set_epoch(epoch)\n")
+    assert "iterated again" not in reshuffled
+    for r in range(2):
+        orders = re.findall(rf"^\[rank {r}\] epoch \d: (.+)$", reshuffled, re.M)
+        assert len(orders) == 3 and len(set(orders)) == 3  # each epoch its own order
+
+    order = cell("else:                                            # the bug: the other order on rank 1")
+    assert "rank 0 in all_reduce(4 x float32) at cell line 3" in order, order
+    assert "rank 1 in broadcast(root=0, 4 x float32) at cell line 6" in order and "different order" in order
+    assert "restarted with 2 fresh ranks" in order
+    assert cell("# the same calls in the same order").count("tensor([2., 2., 2., 2.])") == 2
+
+    sizes = cell("dist.all_reduce(torch.ones(4 if rank == 0 else 8))")
+    assert "rank 0 in all_reduce(4 x float32)" in sizes and "rank 1 in all_reduce(8 x float32)" in sizes, sizes
+    assert "different sizes or types" in sizes and "%mpi restart" in sizes
+    assert "MPI world of 2 ranks started" in cell("%mpi restart")
+    assert cell("F.pad(mine").count("tensor([2., 2., 2., 2., 1., 1., 1., 1.])") == 2
+
+    solution = next(c for c in notebook.cells if "solution" in c.metadata.get("tags", []))
+    assert "hide-cell" in solution.metadata.tags and solution.source.startswith("%%mpi\n# Solution")
+    check = cell("average_batchnorm_statistics(bn)")
+    assert all(f"[rank {r}] every BatchNorm statistic is the mean over the ranks, on this rank" in check
+               for r in range(2)), check
+    assert "stopped" in shown(code[-1]) and code[-1].source == "%mpi stop"
