@@ -288,11 +288,11 @@ class CellRun:
     def _mismatch_verdicts(self):
         result = self.result
         if result.mismatch is not None and result.first_death is not None:  # MPI ended the job over it
-            ender = "torch.distributed's backend aborted a rank" if " on torch:" in result.mismatch else "MPI"
+            ended = ("torch.distributed's backend aborted a rank over it, which ended the job"
+                     if " on torch:" in result.mismatch else "MPI ended the job over it")
             for rank, error in result.errors.items():
                 if error["ename"] == RankLost.__name__:  # one message for every rank, since it names each rank's part
-                    result.errors[rank] = lost(f"ranks were in different collectives, and {ender} ended the job "
-                                               f"over it: {result.mismatch}")
+                    result.errors[rank] = lost(f"ranks were in different collectives, and {ended}: {result.mismatch}")
                     result.errors[rank]["ename"] = "CollectiveMismatch"
         if not result.errors and result.trouble is None and self.watch is not None:
             result.mismatch = after_cell(self.replies, self.ranks)
