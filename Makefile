@@ -86,8 +86,9 @@ soak: $(STAMP)
 	MPINB_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -s -q --timeout=0 tests/test_random_sessions.py
 
 # -W: a warning (a broken reference, a cell that fails) fails the build; linkcheck then follows every link
-# inside the site, anchors included; docs/check.py asserts each tutorial page shows its figures.
-docs: $(STAMP)
+# inside the site, anchors included; docs/check.py asserts each tutorial page shows its figures, and that every
+# page opens in Chromium from disk with nothing loaded from another host and no console error.
+docs: $(STAMP) chromium
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	$(PY) -m sphinx -W --keep-going -q -b linkcheck docs docs/_build/linkcheck
 	$(PY) docs/check.py docs/_build/html

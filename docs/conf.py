@@ -30,9 +30,17 @@ nb_execution_timeout = 300
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 
+# Offline, like the machines it is read on: no script from a CDN. Widgets are not embedded (that needs require.js
+# and the widget manager from unpkg/jsdelivr); every mpinb view also leaves a static rendering (HTML, PNG) in the
+# cell's output, which is what the page shows.
+nb_ipywidgets_js = {}
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None),
+                              ("html", "application/vnd.jupyter.widget-state+json", None)]
+
 html_theme = "sphinx_book_theme"
 html_title = "mpinb"
 html_theme_options = {"show_toc_level": 2}
+html_context = {"default_mode": "auto"}  # light or dark as the reader's system is (none set logs a console error)
 html_last_updated_fmt = None
 
 # linkcheck: the links inside the site (pages, anchors); the web is not reachable from every build machine
