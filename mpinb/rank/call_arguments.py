@@ -64,11 +64,16 @@ def _collective_arguments(args, kwargs, spec):
 
 
 def describe(buffer):
-    """``(count, dtype name, bytes)`` of an mpi4py buffer argument, as far as it can be told cheaply."""
+    """``(count, dtype name, bytes)`` of an mpi4py buffer argument, as far as it can be told cheaply.
+
+    A buffer given with its datatype (``[data, count, MPI.FLOAT]``, ``[data, MPI.DOUBLE]``) is described by that
+    datatype and count, not by the memory holding it: ``mpinb.torch`` passes a tensor's memory as bytes (a uint8
+    view, since numpy has no bfloat16) with the tensor's count and MPI type, and the span says ``68 x float32``.
+    """
     if buffer is None:
         return None, None, 0
     if type(buffer) in (list, tuple) and buffer:  # [data, MPI.DOUBLE], [data, count, MPI.DOUBLE], ...
-        buffer = buffer[0]
+        return _described_spec(buffer)
     size = getattr(buffer, "nbytes", None)
     dtype = getattr(buffer, "dtype", None)
     if size is not None and dtype is not None:  # numpy and friends
@@ -88,6 +93,81 @@ def describe(buffer):
         if view.format.lstrip("@=<>!").isupper():
             name = "u" + name
     return view.nbytes // itemsize, name, view.nbytes
+
+
+def _described_spec(spec):
+    """``(count, dtype name, bytes)`` of a buffer given as a list: ``[data, datatype]``, ``[data, count,
+    datatype]``, ``[data, (count, displacement), datatype]``, ``[data, counts, displacements, datatype]`` (a
+    datatype may be a type character, ``"d"``) or ``[data, counts]``; the data's own when the list says less."""
+    count, dtype, size = describe(spec[0])
+    if len(spec) < 2:
+        return count, dtype, size
+    datatype = spec[-1]
+    known = _KNOWN.get(id(datatype))  # a predefined datatype seen before (the common call: a few hundred ns)
+    named = known[1] if known is not None and known[0] is datatype else _datatype(datatype)
+    if named is None:  # [data, counts]: the data's type
+        return count, dtype, size
+    name, itemsize = named
+    given = _count(spec[1]) if len(spec) > 2 else None
+    if given is None:
+        given = size // itemsize if itemsize else count
+    return given, name, given * itemsize if itemsize else size
+
+
+def _count(value):
+    """The count of a buffer list's count entry: an int, ``(count, displacement)``, or counts (summed)."""
+    if type(value) is int:
+        return value
+    try:
+        if type(value) is tuple and len(value) == 2 and not isinstance(value[0], int):  # (counts, displacements)
+            value = value[0]
+        elif type(value) is tuple and len(value) == 2:  # (count, displacement)
+            return int(value[0])
+        return int(sum(value)) if not isinstance(value, int) else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+_DATATYPES = {}  # MPI datatype handle or type character -> (name, bytes per element)
+_KNOWN = {}  # id of a predefined datatype object -> (the object, (name, bytes per element))
+_DATATYPE_NAMES = {"MPI_BYTE": "byte", "MPI_PACKED": "packed", "MPI_CHAR": "char"}
+
+
+def _datatype(datatype):
+    """``(name, bytes per element)`` of an MPI datatype or type character, or ``None`` for anything else."""
+    if type(datatype) is str:
+        key = datatype
+    else:
+        py2f = getattr(datatype, "py2f", None)
+        if py2f is None or not hasattr(datatype, "Get_size"):
+            return None
+        key = py2f()
+    try:
+        return _DATATYPES[key]
+    except KeyError:
+        pass
+    import numpy
+
+    try:
+        if type(datatype) is str:
+            kind = numpy.dtype(datatype)
+            named = (_FORMATS.get(datatype) or kind.name, kind.itemsize)
+        else:
+            mpi_name = datatype.Get_name()
+            typestr = getattr(datatype, "typestr", "")
+            if mpi_name in _DATATYPE_NAMES:
+                name = _DATATYPE_NAMES[mpi_name]
+            elif typestr and not typestr.startswith("V"):
+                name = numpy.dtype(typestr).name
+            else:  # a derived type: its MPI name if it has one, else its size
+                name = mpi_name or f"{datatype.Get_size()}-byte type"
+            named = (name, datatype.Get_size())
+    except Exception:  # noqa: BLE001 - a datatype this MPI cannot describe (null, freed): the data's own type
+        return None
+    if type(datatype) is str or getattr(datatype, "is_predefined", False):  # a derived one's handle is reused
+        _DATATYPES[key] = named
+        _KNOWN[id(datatype)] = (datatype, named)  # kept, so its id is never another object's
+    return named
 
 
 _DTYPE_NAMES = {}
