@@ -1,7 +1,10 @@
 """Before a data-parallel collective, every rank checks that the others hold the same parameters and arguments: one
-small allgather when all is well, an error on every rank naming the parameters and ranks that differ when not."""
+small allgather when all is well, an error on every rank naming the parameters and ranks that differ when not.
+A trace shows these allgathers as mpinb's own (kind ``"mpinb"``), not as the user's collectives."""
 
 import zlib
+
+from .traced_calls import own_check
 
 
 def _signature(named, *, grads=True):
@@ -19,8 +22,9 @@ def _agree(comm, what, signature, *, problem=None, same=None):
     (``{"root": 0}``). One small allgather when all is well."""
     from ..wire.ranks import label_ranks
 
-    everyone = comm.allgather((_digest(signature), None if problem is None else (type(problem), str(problem)),
-                               same or {}))
+    with own_check(what):
+        everyone = comm.allgather((_digest(signature), None if problem is None else (type(problem), str(problem)),
+                                   same or {}))
     problems = {}
     for rank, (_, found, _) in enumerate(everyone):
         if found is not None:
@@ -40,7 +44,8 @@ def _agree(comm, what, signature, *, problem=None, same=None):
                              + "; ".join(f"{value} on {label_ranks(ranks)}" for value, ranks in values.items()))
     if len({digest for digest, _, _ in everyone}) == 1:
         return
-    everyone = comm.allgather(signature)
+    with own_check(what):
+        everyone = comm.allgather(signature)
     by_name = [{name: rest for name, *rest in rank_signature} for rank_signature in everyone]
     names = list(dict.fromkeys(name for rank_signature in everyone for name, *_ in rank_signature))
     problems = []

@@ -15,6 +15,7 @@ from . import replicas
 from .agreement import _agree, _digest, _signature
 from .flat_buffers import _buckets, _chunks, _flatten, _mpi_buffer, _unflatten, _wire_buffer
 from .optimizer_state import _optimizer_signature, _share_skeleton, _with_tensors
+from .traced_calls import api_call, own_check
 
 
 class _DefaultRoot(int):
@@ -64,9 +65,10 @@ def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
     comm = _world(comm)
     root, problem = _root(root, root_rank, comm)
     named, bad_params = _named_tensors(params)
-    _agree(comm, "broadcast_parameters", _signature(named, grads=False), problem=problem or bad_params,
-           same={"root": root})
-    _broadcast(comm, named, root, slot="broadcast")
+    with api_call("broadcast_parameters", comm):
+        _agree(comm, "broadcast_parameters", _signature(named, grads=False), problem=problem or bad_params,
+               same={"root": root})
+        _broadcast(comm, named, root, slot="broadcast")
     if isinstance(params, torch.nn.Module):
         replicas.watch(params)
 
@@ -121,9 +123,10 @@ def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=Non
         signature = []
         problem = problem or _not_an_optimizer(optimizer)
     what = "broadcast_optimizer_state"
-    _agree(comm, what, signature, problem=problem, same={"root": root, "optimizer": type(inner).__name__})
-    skeleton, tensors = _share_skeleton(comm, inner, root, what)
-    _broadcast(comm, [(str(i), t) for i, t in enumerate(tensors)], root, slot="optimizer")
+    with api_call(what, comm):
+        _agree(comm, what, signature, problem=problem, same={"root": root, "optimizer": type(inner).__name__})
+        skeleton, tensors = _share_skeleton(comm, inner, root, what)
+        _broadcast(comm, [(str(i), t) for i, t in enumerate(tensors)], root, slot="optimizer")
     if comm.rank != root:
         inner.load_state_dict(_with_tensors(skeleton, tensors))
 
@@ -141,7 +144,12 @@ def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, 
     comm = _world(comm)
     replicas.watch(model)
     named = [(name, p) for name, p in _named(model) if p.requires_grad]
-    _agree(comm, "allreduce_gradients", _signature(named))
+    with api_call("allreduce_gradients", comm):
+        _agree(comm, "allreduce_gradients", _signature(named))
+        _allreduce_buckets(comm, named, average, bucket_mb, compression)
+
+
+def _allreduce_buckets(comm, named, average, bucket_mb, compression):
     with torch.no_grad():
         buckets = _buckets([(n, p) for n, p in named if p.grad is not None], bucket_bytes=bucket_mb << 20)
         for index, bucket in enumerate(buckets):
@@ -205,8 +213,13 @@ class GradientAllreducer:
 
     def synchronize(self):
         """Wait for every bucket and write the averaged gradients back; raise if ranks disagreed."""
+        with api_call("synchronize", self.check):
+            self._synchronize()
+
+    def _synchronize(self):
         signature = _signature(self.named)
-        everyone = self.check.allgather((_digest(signature), self.started == len(self.buckets)))
+        with own_check("synchronize"):
+            everyone = self.check.allgather((_digest(signature), self.started == len(self.buckets)))
         agreed = len({digest for digest, _ in everyone}) == 1
         if not all(complete for _, complete in everyone):
             # a bucket did not fill on some rank (a parameter without gradient): start what is left everywhere,

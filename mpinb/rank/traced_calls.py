@@ -1,5 +1,14 @@
 """The traced methods: each wraps one of mpi4py's, notes the call in ``tracing.state`` (the ledger of
-collectives, the blocking point-to-point call in progress, spans while a cell is traced) and calls it."""
+collectives, the blocking point-to-point call in progress, spans while a cell is traced) and calls it.
+
+mpinb's own API marks its calls here too: :func:`api_call` records one span (kind ``"torch"``) around what a
+function of ``mpinb.torch`` does, so a trace names the call the user made (``allreduce_gradients``), matched
+across ranks like a collective, and the MPI calls inside it count as part of it; :func:`own_check` marks the
+collectives of mpinb's own checks (``rank/agreement.py``: one small allgather before each of them) as kind
+``"mpinb"``, which the summary does not blame.
+"""
+
+import contextlib
 
 from . import traced_comms, tracing
 from .call_arguments import (
@@ -79,7 +88,8 @@ def _buffer_collective(base, name, spec_name, spec):
             _state.leave(done)
             _state.comm_ns += end - start
             if _state.spans is not None:
-                _span(name, info.name, root, sent, received, start, end, seq, "collective", detail)
+                _span(name, info.name, root, sent, received, start, end, seq,
+                      "collective" if _checking is None else "mpinb", detail)
 
     return _named(method, name, base)
 
@@ -132,8 +142,11 @@ def _object_collective(base, name, spec):
             if _state.spans is not None:
                 op = _argument(args, kwargs, op_at, _KEYWORDS["op"]) if op_at is not None else None
                 kind = type(obj).__name__
+                detail = kind if op is None else _detail(None, kind, op, traced_comms.installed)
+                if _checking is not None:
+                    detail = f"mpinb's check before {_checking}"
                 _span(name, info.name, root, _object_bytes(obj), _object_bytes(value), start, end, seq,
-                      "collective", kind if op is None else _detail(None, kind, op, traced_comms.installed))
+                      "collective" if _checking is None else "mpinb", detail)
 
     return _named(method, name, base)
 
@@ -248,6 +261,43 @@ def _traced_request(kind, request):
 
 def _installed_request():
     return traced_comms.installed["request"]
+
+
+_checking = None  # while mpinb's own check runs on the main thread: the call it checks for (own_check)
+
+
+@contextlib.contextmanager
+def own_check(what):
+    """The collectives inside are mpinb's own check before *what* (``"allreduce_gradients"``): their spans are
+    of kind ``"mpinb"`` and say so in their detail. They stay in the ledger like any other collective."""
+    global _checking
+    before, _checking = _checking, what
+    try:
+        yield
+    finally:
+        _checking = before
+
+
+@contextlib.contextmanager
+def api_call(name, comm, detail=""):
+    """One span (kind ``"torch"``) named *name* around the block, a call of mpinb's API collective over *comm*,
+    while a cell is traced. Its sequence number is that of the first collective the block makes on *comm*, so the
+    same call is matched on every rank, and the calls inside are nested in it (the summary matches only the
+    outermost calls, and counts their time and bytes once)."""
+    if _state.spans is None:
+        yield
+        return
+    try:
+        info = _info(comm)
+        where, seq = info.name, info.count + 1
+    except Exception:  # noqa: BLE001 - not a communicator mpinb traces (its calls are not traced either)
+        where, seq = "", None
+    start = _now()
+    try:
+        yield
+    finally:
+        if _state.spans is not None:
+            _span(name, where, None, 0, 0, start, _now(), seq, "torch", detail)
 
 
 def _span(op, comm, peer, sent, received, start, end, seq, kind, detail):
