@@ -13,6 +13,7 @@ from ..widgets.text import aligned
 
 COLUMNS = ["rank", "op", "comm", "peer", "bytes", "start", "end", "seq", "kind", "sent", "received", "detail"]
 BLOCKING = ("collective", "torch")  # kinds whose calls every member enters and waits in
+MPINB = "mpinb"  # the kind of mpinb's own checks (the agreement allgather before each mpinb.torch call)
 MIN_WAIT = 1e-3  # seconds the others must wait per collective, on average, before a rank is called a straggler
 
 
@@ -158,6 +159,45 @@ class Summary:
     notes: list = dataclasses.field(default_factory=list)
 
 
+def label(op, kind):
+    """What an operation is called where it is shown: ``mpinb check (allgather)`` for mpinb's own checks."""
+    return f"mpinb check ({op})" if kind == MPINB else op
+
+
+def labels(trace):
+    """:func:`label` of every row of *trace*, as a numpy array of str."""
+    ops = trace["op"].to_numpy(dtype=object)
+    own = (trace["kind"] == MPINB).to_numpy()
+    if own.any():
+        ops = ops.copy()
+        ops[own] = [label(op, MPINB) for op in ops[own]]
+    return ops
+
+
+def _arrivals(trace):
+    """The collectives two or more ranks took part in, one row per rank's arrival, with ``latest`` (the last
+    arrival's start) and ``wait`` (how long this rank waited for it): the rows :func:`_matched` keeps."""
+    matched = _matched(trace)
+    if len(matched):
+        matched = matched[matched.groupby(["comm", "seq"])["rank"].transform("nunique") >= 2]
+    if not len(matched):
+        return matched.assign(latest=np.zeros(0), wait=np.zeros(0))
+    latest = matched.groupby(["comm", "seq"], sort=False)["start"].transform("max")
+    return matched.assign(latest=latest, wait=latest - matched["start"])
+
+
+def waits(trace, arrivals=None):
+    """Where each rank waited for a later one: ``(rank, start, end)`` rows, one per collective it arrived at
+    before the last, from its arrival to the last one's (within its own call: a nonblocking one waits later, in
+    its ``Wait``)."""
+    arrivals = _arrivals(trace) if arrivals is None else arrivals
+    arrivals = arrivals[arrivals["wait"] > 0]
+    end = np.minimum(arrivals["end"].to_numpy(dtype=np.float64), arrivals["latest"].to_numpy(dtype=np.float64))
+    out = pd.DataFrame({"rank": arrivals["rank"].to_numpy(dtype=np.int64),
+                        "start": arrivals["start"].to_numpy(dtype=np.float64), "end": end})
+    return out[out["end"] > out["start"]].sort_values(["rank", "start"], kind="stable").reset_index(drop=True)
+
+
 def summarize(trace):
     """Find the rank the others waited for and split each rank's traced time into communication and compute.
 
@@ -171,16 +211,12 @@ def summarize(trace):
     A rank's communication time is the length of the union of its calls (a torch call and the MPI call inside
     it count once), its compute time the rest of its traced wall time (first span's start to last span's end).
     """
-    matched = _matched(trace)
-    if len(matched):
-        matched = matched[matched.groupby(["comm", "seq"])["rank"].transform("nunique") >= 2]
+    matched = _arrivals(trace)
     groups = matched.groupby(["comm", "seq"], sort=False) if len(matched) else None
     waits = collections.Counter()  # rank -> seconds waited, in every matched collective
     last_of = {}  # group -> (last rank, op)
     spreads = []
     if groups is not None:
-        latest = groups["start"].transform("max")
-        matched = matched.assign(wait=latest - matched["start"])
         waits.update(matched.groupby("rank")["wait"].sum().to_dict())
         last = matched.loc[groups["start"].idxmax()]
         last_of = {(row.comm, row.seq): (int(row.rank), row.op) for row in last.itertuples(index=False)}
@@ -191,6 +227,7 @@ def summarize(trace):
     dropped = getattr(trace, "dropped", None) or {}
     notes = [f"rank {rank}'s trace buffer was full: its {count} oldest calls are missing"
              for rank, count in sorted(dropped.items())]
+    notes += _own_checks_note(trace)
     summary = Summary(None, "", per_rank, len(last_of), notes)
     if not last_of:
         blocking = trace["kind"].isin(BLOCKING).any()
@@ -209,6 +246,21 @@ def summarize(trace):
     else:
         summary.sentence = _balanced_sentence(last_of, last_counts, spreads, waits, len(matched) - len(last_of))
     return summary
+
+
+def _own_checks_note(trace):
+    """A line on mpinb's own checks, if the trace has any: how many, before which calls, how long; they are not
+    matched as the user's collectives (their wait is the call they check for)."""
+    own = trace[trace["kind"] == MPINB]
+    if not len(own):
+        return []
+    ops = ", ".join(sorted(set(own["op"])))
+    before = sorted({detail.removeprefix("mpinb's check before ") for detail in own["detail"]
+                     if detail.startswith("mpinb's check before ")})
+    per_rank = own.groupby("rank").size().max()
+    where = f" inside {', '.join(before)}" if before else ""
+    return [f"mpinb's own checks ({ops}{where}): {per_rank} per rank, counted as part of the calls they check "
+            "for (a rank that arrives early waits in them)"]
 
 
 def traced_ranks(trace):
@@ -272,7 +324,8 @@ def _rank_row(trace, rank, waited, last):
     if len(calls):
         durations = ends - starts
         longest = int(np.argmax(durations))
-        slowest = f"{calls['op'].iloc[longest]} {duration(float(durations[longest]))}"
+        slowest = f"{label(calls['op'].iloc[longest], calls['kind'].iloc[longest])} " \
+                  f"{duration(float(durations[longest]))}"
     return {"rank": int(rank), "comm_seconds": comm, "compute_seconds": wall - comm,
             "comm_share": comm / wall if wall > 0 else 0.0,
             "sent": moved["sent"], "received": moved["received"], "calls": len(calls), "slowest": slowest,
@@ -292,7 +345,7 @@ def _straggler_sentence(trace, rank, last_of, others, total, pairs):
     of_op = sum(1 for _, group_op in last_of.values() if group_op == op)
     text = f"rank {rank} arrived last at {ops[op]} of {of_op} {op} calls"
     rest = len(last_of) - of_op
-    if rest:
+    if rest and sum(ops.values()) > ops[op]:
         text += f" (and at {sum(ops.values()) - ops[op]} of {rest} other collectives)"
     ranks = [row["rank"] for row in others]
     steps = trace[(trace["kind"] == "step") & trace["rank"].isin(ranks)].groupby("rank").size()
@@ -357,19 +410,37 @@ def summary_text(summary):
     return "\n".join([summary.sentence, *summary.notes, *aligned([header] + [cells for _, cells in rows])])
 
 
+# Colours of the HTML (the table here, the timeline's legend): JupyterLab's own, so that text reads in its light
+# and dark themes alike (WCAG AA, 4.5:1), with fallbacks that read together wherever those are not defined
+# (nbconvert's HTML, nbviewer): the text's colour is always set with the background it is read on.
+TEXT = "var(--jp-content-font-color1,#1a1a1a)"
+MUTED = "var(--jp-content-font-color2,#595959)"  # secondary text: 4.6:1 in JupyterLab Light, 9:1 in Dark
+BACKGROUND = "var(--jp-layout-color0,#fff)"
+HIGHLIGHT = "var(--jp-rendermime-error-background,#fdd)"  # the straggler's row (what error output reads on)
+PANEL = f"color:{TEXT};background:{BACKGROUND}"
+
+
+def swatch(color, *, width=10, height=10):
+    """A small box of *color* (a rank's, an operation's) to go with a label in the text's colour: coloured text
+    cannot read in a light and a dark theme both."""
+    return (f"<span style='display:inline-block;width:{width}px;height:{height}px;background:{color};"
+            f"vertical-align:middle;margin-right:4px'></span>")
+
+
 def summary_html(summary):
-    """The same as an HTML table under the sentence, each rank in its colour and the straggler's row highlighted."""
+    """The same as an HTML table under the sentence, each rank with a box in its colour and the straggler's row
+    highlighted, in JupyterLab's text and background colours."""
     header, rows = _cells(summary)
     head = "".join(f"<th style='text-align:left;padding:0 12px 0 0'>{html.escape(h)}</th>" for h in header)
     body = []
     for rank, cells in rows:
-        style = " style='background:#fdecea'" if rank == summary.straggler else ""
-        tds = [f"<td style='padding:0 12px 0 0'><b style='color:{rank_color(rank)}'>{cells[0]}</b></td>"]
+        style = f" style='background:{HIGHLIGHT}'" if rank == summary.straggler else ""
+        tds = [f"<td style='padding:0 12px 0 0;white-space:nowrap'>{swatch(rank_color(rank))}<b>{cells[0]}</b></td>"]
         tds += [f"<td style='padding:0 12px 0 0'>{html.escape(cell)}</td>" for cell in cells[1:]]
         body.append(f"<tr{style}>{''.join(tds)}</tr>")
-    return (f"<table style='border-collapse:collapse;font-family:monospace;font-size:12px'>"
-            f"<caption style='text-align:left'>{'<br>'.join(map(html.escape, [summary.sentence, *summary.notes]))}"
-            f"</caption>"
+    return (f"<table style='border-collapse:collapse;font-family:monospace;font-size:12px;{PANEL}'>"
+            f"<caption style='text-align:left;{PANEL}'>"
+            f"{'<br>'.join(map(html.escape, [summary.sentence, *summary.notes]))}</caption>"
             f"<tr>{head}</tr>{''.join(body)}</table>")
 
 
