@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import mpinb
@@ -281,3 +282,67 @@ def test_an_error_mpi_raises_in_a_noted_call_shows_no_frame_of_mpinb(healthy, mp
     assert "Invalid rank" in shown and "comm.Send(np.zeros(1), dest=99)" in shown
     assert "mpinb/rank" not in shown, shown
     assert mpi("comm.allreduce(1)") == {0: 2, 1: 2}
+
+
+IDLE_THEN_TRAINING = """
+import time, torch, mpinb, mpinb.torch as mt
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 4)                       # 64 + 4 float32 parameters: one bucket of 68
+mt.broadcast_parameters(model, root_rank=0)
+x = torch.randn(8, 16)
+time.sleep(3)                                        # loading data, say: no rank calls MPI
+for step in range(30):
+    loss = model(x).square().mean()
+    model.zero_grad()
+    loss.backward()
+    time.sleep(0.04 if rank == 1 else 0.01)          # rank 1 is the straggler
+    mt.allreduce_gradients(model)
+    mpinb.report(step=step, loss=loss)
+"""
+
+
+def test_a_training_cell_after_an_idle_stretch_shows_the_steps_the_straggler_and_the_users_calls(
+        healthy, mpi, ip, magics, monkeypatch):
+    """What a user saw: a 3 s stretch without MPI calls squeezed the steps into a corner of the picture, the
+    summary blamed mpinb's own agreement allgather, the Allreduce said "272 x uint8" for 68 float32 gradients,
+    and %mpi trace showed a static image."""
+    from IPython.utils.capture import capture_output
+
+    from mpinb.notebook.traces import summarize
+
+    healthy(2)
+    mpi(IDLE_THEN_TRAINING, "--trace")
+    trace = mpinb.trace()
+    # the sizes are the user's: 68 float32 gradients in one bucket, not the 272 bytes of its raw memory
+    reduces = trace[trace["op"] == "Allreduce"]
+    assert len(reduces) == 2 * 30 and set(reduces["detail"]) == {"SUM, 68 x float32"}, set(reduces["detail"])
+    # mpinb's own checks are labelled as mpinb's; the user's calls are mpinb.torch's
+    checks = trace[trace["kind"] == "mpinb"]
+    assert set(checks["op"]) == {"allgather"} and len(checks) == 2 * 31, trace["kind"].value_counts()
+    assert (trace["op"] == "allreduce_gradients").sum() == 2 * 30
+    assert (trace["op"] == "broadcast_parameters").sum() == 2
+    summary = summarize(trace)
+    assert summary.straggler == 1, summary.sentence
+    assert "arrived last at" in summary.sentence and "allreduce_gradients" in summary.sentence
+    assert "allgather" not in summary.sentence, summary.sentence
+    assert any("mpinb's own" in note for note in summary.notes), summary.notes
+    # the 3 s without calls is folded into a labelled band: the steps fill the picture
+    from mpinb.widgets.timeline import Folding
+
+    fold = Folding.of(trace)
+    assert len(fold.bands) == 1, fold.bands
+    (low, high, seconds), = fold.bands
+    assert 2.9 < seconds < 4.0 and re.fullmatch(r"idle \d\.\d s", fold.label(seconds))
+    steps = trace[trace["kind"] == "step"]
+    first, last = steps["start"].min(), trace["end"].max()
+    unfolded = (last - first) / last  # under a third: the ranks may also start the cell apart (imports)
+    folded = (fold.extent - float(fold.fold(first))) / fold.extent
+    assert folded > 0.5 and folded > 2 * unfolded, (folded, unfolded)
+    # %mpi trace: the zoomable widget while the kernel lives, the static rendering as the fallback
+    monkeypatch.setattr(magics, "live_view", "widgets")
+    with capture_output() as captured:
+        ip.run_line_magic("mpi", "trace")
+    (shown,) = [output.data for output in captured.outputs]
+    assert "application/vnd.jupyter.widget-view+json" in shown
+    assert {"image/png", "text/html", "text/plain"} <= set(shown)
+    assert "allreduce_gradients" in shown["text/plain"]

@@ -45,6 +45,10 @@ class Inspecting:
     def _command_trace(self, args):
         if self.last_trace is None:
             print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
+        elif self._view() == "widgets":  # zoomable while the kernel lives; the static rendering for the file
+            from ..widgets import timeline
+
+            timeline.show(self.last_trace)
         else:
             show_trace(self.last_trace, view=self._view())
 
