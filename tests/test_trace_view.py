@@ -10,6 +10,7 @@ import pytest
 from mpinb.notebook import traces as tr
 from mpinb.rank import chrome
 from mpinb.widgets.timeline import (
+    BAND_COLOR,
     Drawing,
     Folding,
     TimelineWidget,
@@ -322,6 +323,14 @@ def test_the_static_rendering_is_an_opaque_picture_of_the_folded_steps(tmp_path)
     assert [text.get_text() for text in ax.texts if text.get_rotation() == 90] == ["idle 20.0 s"]
     assert ax.get_xlim() == pytest.approx((0.0, Folding.of(trace).extent))
     assert "rank 2 (straggler)" in [label.get_text() for label in ax.get_yticklabels()]
+    # every text of the picture reads on what it is drawn on: white, or the band (the label written up it)
+    from matplotlib.colors import to_hex
+
+    fig.canvas.draw()
+    texts = [*ax.texts, *ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, *ax.get_legend().get_texts()]
+    for text in texts:
+        ground = BAND_COLOR if text.get_rotation() == 90 else "#ffffff"
+        assert text.get_text() and _contrast(_rgba(to_hex(text.get_color())), _rgba(ground)) >= 4.5, text
 
 
 def test_mpinb_s_own_checks_are_labelled_and_the_users_call_is_blamed():

@@ -45,7 +45,7 @@ OP_PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", 
 WAIT_COLOR = "#b2182b"  # waiting in a collective for a later rank (a red no operation has)
 STEP_COLOR = "#808080"  # step ticks: 3.9:1 on white, 4.8:1 on JupyterLab Dark's #111
 BAND_COLOR = "#e3e3e3"  # a folded idle stretch in the PNG (on its own white background) ...
-BAND_TEXT = "#262626"  # ... and its label, on it (13:1)
+BAND_TEXT = "#262626"  # ... and its label, on it (11.8:1)
 # in the live figure, the theme's: a band of JupyterLab's third layout colour, its label in the text's colour (10:1
 # and more on the band in Light and Dark, and on the page around it)
 LIVE_BAND_COLOR = "var(--jp-layout-color2,#eeeeee)"
@@ -490,7 +490,7 @@ def timeline_figure(trace, summary=None, *, max_segments=2000, width=900):
 
     drawing = Drawing(trace, summary)
     ranks, fold = drawing.ranks, drawing.fold
-    left = 120 if drawing.straggler is not None else 60
+    left = 130 if drawing.straggler is not None else 60
     fig = static.figure(width, max(200, 110 + LANE * len(ranks)), left=left, right=210)
     fig.set_facecolor("white")
     ax = static.grid(fig, 1, 1)[0]
