@@ -2,10 +2,17 @@
 
 import html
 
+from .colors import color
 from .text import aligned
 
 COLUMNS = ("rank", "host", "pid", "threads", "state")
-_STATE_COLOURS = {"idle": "#2e7d32", "busy": "#ef6c00", "dead": "#c62828"}
+_STATE_COLOURS = {"idle": "ok", "busy": "warn", "dead": "error"}  # kinds of colors.color, readable in any theme
+
+
+def _state(value):
+    kind = _STATE_COLOURS.get(value)
+    style = color(kind) if kind else "color:inherit"
+    return f"<span style='{style}'>{html.escape(value)}</span>"
 
 
 def status_text(rows, header):
@@ -22,9 +29,7 @@ def status_html(rows, header):
     for row in rows:
         cells = []
         for name in COLUMNS:
-            value = html.escape(str(row[name]))
-            if name == "state":
-                value = f"<span style='color:{_STATE_COLOURS.get(str(row[name]), 'inherit')}'>{value}</span>"
+            value = _state(str(row[name])) if name == "state" else html.escape(str(row[name]))
             cells.append(f"<td style='text-align:left;padding:0 24px 0 0'>{value}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     heading = "<br>".join(html.escape(line) for line in header.splitlines())
@@ -41,7 +46,7 @@ def status_widget(rows, header):
         for name in COLUMNS:
             value = str(row[name])
             if name == "state":
-                cells.append(w.HTML(f"<span style='color:{_STATE_COLOURS.get(value, 'inherit')}'>{value}</span>"))
+                cells.append(w.HTML(_state(value)))
             else:
                 cells.append(w.Label(value))
     grid = w.GridBox(cells, layout=w.Layout(grid_template_columns=f"repeat({len(COLUMNS)}, max-content)",

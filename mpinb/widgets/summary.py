@@ -2,7 +2,7 @@
 
 import html
 
-from .colors import rank_color
+from .colors import WRAP, rank_label, tint
 from .text import aligned, number
 
 
@@ -37,12 +37,11 @@ def summary_html(history, run, *, now=None, live=False, finished=()):
     body = []
     for rank, cells in rows:
         flagged = bool(cells[-1])
-        style = " style='background:#fdecea'" if flagged else ""
-        tds = [f"<td style='padding:0 12px 0 0'><b style='color:{rank_color(rank)}'>{cells[0]}</b></td>"]
-        tds += [f"<td style='padding:0 12px 0 0'>{html.escape(cell)}</td>" for cell in cells[1:]]
+        style = f" style='{tint('flag')}'" if flagged else ""
+        tds = [f"<td style='text-align:left;padding:0 12px 0 0'>{rank_label(rank, cells[0])}</td>"]
+        tds += [f"<td style='text-align:left;padding:0 12px 0 0'>{html.escape(cell)}</td>" for cell in cells[1:-1]]
+        tds.append(f"<td style='text-align:left;padding:0 12px 0 0;{WRAP}'>{html.escape(cells[-1])}</td>")
         body.append(f"<tr{style}>{''.join(tds)}</tr>")
     return (f"<table style='border-collapse:collapse;font-family:monospace;font-size:12px'>"
             f"<caption style='text-align:left'><b>run {html.escape(run)}</b></caption>"
             f"<tr>{head}</tr>{''.join(body)}</table>")
-
-
