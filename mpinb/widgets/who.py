@@ -8,7 +8,7 @@ import html
 from collections import Counter
 
 from ..wire.ranks import format_ranks, label_ranks
-from .colors import rank_color
+from .colors import WRAP, chip_style, color, rank_color, tint
 from .text import aligned
 
 BY_DESIGN = frozenset({"rank"})
@@ -93,7 +93,9 @@ def _groups(present, reference):
 
 def _headline(rows):
     ranks = sorted({rank for row in rows for rank in [*row["ranks"], *row["missing_on"]]})
-    flags = [flag for row in rows for flag in row["flags"]]
+    # one entry per name: "result: differs on rank 3, missing on rank 2"
+    flags = [f"{row['name']}: " + ", ".join(flag.split(": ", 1)[1] for flag in row["flags"])
+             for row in rows if row["flags"]]
     head = f"{len(rows)} name{'s' if len(rows) != 1 else ''} on {len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
     if not flags:
         return f"{head}: every name the same on every rank" + (" (but for rank)" if any(
@@ -168,10 +170,11 @@ def who_html(rows):
     if not rows:
         return "<b>no names defined on the ranks</b>"
     ranks = sorted({rank for row in rows for rank in [*row["ranks"], *row["missing_on"]]})
-    cell = "padding:0 12px 0 0;white-space:nowrap"
-    head = "".join(f"<th style='text-align:left;{cell}'>{h}</th>" for h in ("name", "type", "shape", "dtype", "value"))
-    head += "".join(f"<th style='text-align:left;{cell};color:{rank_color(rank)}'>rank {rank}</th>" for rank in ranks)
-    head += f"<th style='text-align:left;{cell}'>notes</th>"
+    cell = "text-align:left;padding:0 12px 0 0;white-space:nowrap"
+    head = "".join(f"<th style='{cell}'>{h}</th>" for h in ("name", "type", "shape", "dtype", "value"))
+    head += "".join(f"<th style='{cell};{chip_style(rank)};color:{rank_color(rank)}'>rank {rank}</th>"
+                    for rank in ranks)
+    head += f"<th style='{cell}'>notes</th>"
     body = []
     for row in rows:
         ref = row["ranks"][row["reference"]]
@@ -181,13 +184,13 @@ def who_html(rows):
         for rank in ranks:
             tds.append(_rank_cell(row, rank, cell))
         notes = html.escape(_notes(row, hashed_too=True))
-        color = "#777" if row["by_design"] and not row["flags"] else "#c62828"
-        tds.append(f"<td style='{cell};color:{color}'>{notes}</td>")
-        style = " style='background:#fdecea'" if row["flags"] else (
-            " style='background:#f3f4f8'" if row["by_design"] else "")
+        kind = "muted" if row["by_design"] and not row["flags"] else "error"
+        tds.append(f"<td style='{cell};{color(kind)};{WRAP};min-width:16em'>{notes}</td>")
+        shade = "flag" if row["flags"] else ("quiet" if row["by_design"] else None)
+        style = f" style='{tint(shade)}'" if shade else ""
         body.append(f"<tr{style}>{''.join(tds)}</tr>")
     return (f"<div style='overflow-x:auto'><table style='border-collapse:collapse;font-family:monospace;"
-            f"font-size:12px'><caption style='text-align:left'><b>{html.escape(_headline(rows))}</b></caption>"
+            f"font-size:12px'><caption style='text-align:left;{WRAP}'><b>{html.escape(_headline(rows))}</b></caption>"
             f"<tr>{head}</tr>{''.join(body)}</table></div>")
 
 
@@ -199,7 +202,7 @@ def _column(row, field):
 
 def _rank_cell(row, rank, cell):
     if rank not in row["ranks"]:
-        return f"<td style='{cell};color:#c62828' title='not defined on rank {rank}'>—</td>"
+        return f"<td style='{cell};{color('error')}' title='not defined on rank {rank}'>—</td>"
     described = row["ranks"][rank]
     text = described.get("hash") or "-"
     ref = row["ranks"][row["reference"]]
@@ -210,7 +213,8 @@ def _rank_cell(row, rank, cell):
     title = " · ".join(part for part in (described.get("summary", ""), described.get("note") or "") if part)
     style = cell
     if rank in row["differs_on"]:
-        style += ";color:#777" if row["by_design"] else ";color:#c62828;font-weight:bold"
+        # bold, and (after the plain colour a renderer without color-mix keeps) red in the theme
+        style += f";{color('muted')}" if row["by_design"] else f";color:#c62828;font-weight:bold;{color('error')}"
     return f"<td style='{style}' title='{html.escape(title, quote=True)}'>{html.escape(text)}</td>"
 
 
