@@ -21,7 +21,7 @@ from ..rank.gather import (
 )
 from ..wire.gathered import scannable
 from ..wire.ranks import label_ranks
-from .colors import rank_color
+from .colors import WRAP, color, rank_label, tint
 from .text import aligned, number
 
 STAT_COLUMNS = ("shape", "dtype", "device", "norm", "min", "max", "mean", "nan", "inf", "max |Δ| to first")
@@ -229,13 +229,16 @@ def _difference(array, reference):
 def verdict(report):
     """"identical on all ranks", or which ranks differ from the first (and by how much), or lack the leaf."""
     parts = []
-    if report.differing:
-        worst = max(report.diff[r] for r in report.differing)
-        parts.append(f"differs on {label_ranks(report.differing)} (max |Δ| {number(worst)})")
-    if report.missing:
-        parts.append(f"missing on {label_ranks(report.missing)}")
     all_nan = [r for r, s in sorted(report.stats.items()) if _all_nan(s)]
     bad = [r for r, s in sorted(report.stats.items()) if (s.get("nan") or s.get("inf")) and r not in all_nan]
+    differing = report.differing
+    if all_nan or bad:  # a difference that is NaN comes from those NaN or Inf, which are said below, and only them
+        differing = [r for r in differing if not math.isnan(report.diff.get(r, 0.0))]
+    if differing:
+        worst = max(report.diff[r] for r in differing)
+        parts.append(f"differs on {label_ranks(differing)} (max |Δ| {number(worst)})")
+    if report.missing:
+        parts.append(f"missing on {label_ranks(report.missing)}")
     if all_nan:
         everywhere = len(all_nan) == len(report.stats) and not report.differing and not report.missing
         parts.append("all NaN on every rank" if everywhere else f"all NaN on {label_ranks(all_nan)}")
@@ -299,34 +302,38 @@ def inspector_widget(reports):
     chooser.observe(show, names="value")
     if reports:
         show()
-    box = w.VBox([summary, chooser, w.HBox([table, w.VBox([legend, histogram])])] if reports else [summary])
+    body = w.Box([table, w.VBox([legend, histogram])], layout=w.Layout(display="flex", flex_flow="row wrap"))
+    box = w.VBox([summary, chooser, body] if reports else [summary])
     box.reports, box.chooser, box.table, box.histogram, box.legend = reports, chooser, table, histogram, legend
     return box
 
 
 def _summary_html(reports):
+    cell = "text-align:left;padding:0 12px 0 0;vertical-align:top"
     body = []
     for report in reports:
-        colour = "#2e7d32" if report.verdict == "identical on all ranks" else "#c62828"
+        kind = "ok" if report.verdict == "identical on all ranks" else "error"
         first = next(iter(report.stats.values()), {})
         shape = str(tuple(first["shape"])) if "shape" in first else type(first.get("value")).__name__
-        body.append(f"<tr><td><code>{_escape(report.label)}</code></td><td>{shape}</td>"
-                    f"<td>{first.get('dtype', '')}</td>"
-                    f"<td style='color:{colour}'><b>{_escape(report.verdict)}</b></td></tr>")
-    return ("<table style='font-size:12px'><tr><th align=left>gathered</th><th align=left>shape</th>"
-            f"<th align=left>dtype</th><th align=left>verdict</th></tr>{''.join(body)}</table>")
+        body.append(f"<tr><td style='{cell}'><code>{_escape(report.label)}</code></td>"
+                    f"<td style='{cell};white-space:nowrap'>{shape}</td>"
+                    f"<td style='{cell}'>{first.get('dtype', '')}</td>"
+                    f"<td style='{cell};{color(kind)};{WRAP}'><b>{_escape(report.verdict)}</b></td></tr>")
+    head = "".join(f"<th style='{cell}'>{name}</th>" for name in ("gathered", "shape", "dtype", "verdict"))
+    return f"<table style='font-size:12px;border-collapse:collapse'><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def _rank_table_html(report):
-    head = "".join(f"<th align=left style='padding-right:10px;white-space:nowrap'>{c}</th>"
-                   for c in ("rank", *STAT_COLUMNS))
+    cell = "text-align:left;padding:0 10px 0 0;white-space:nowrap"
+    head = "".join(f"<th style='{cell}'>{c}</th>" for c in ("rank", *STAT_COLUMNS))
     body = []
     for rank, cells in rows(report).items():
         flagged = rank in report.differing or report.stats[rank].get("nan") or report.stats[rank].get("inf")
-        style = " style='background:#fdecea'" if flagged else ""
-        tds = "".join(f"<td style='padding-right:10px;white-space:nowrap'>{_escape(c)}</td>" for c in cells)
-        body.append(f"<tr{style}><td><b style='color:{rank_color(rank)}'>{rank}</b></td>{tds}</tr>")
-    return f"<table style='font-family:monospace;font-size:12px'><tr>{head}</tr>{''.join(body)}</table>"
+        style = f" style='{tint('flag')}'" if flagged else ""
+        tds = "".join(f"<td style='{cell}'>{_escape(c)}</td>" for c in cells)
+        body.append(f"<tr{style}><td style='{cell}'>{rank_label(rank)}</td>{tds}</tr>")
+    return (f"<table style='font-family:monospace;font-size:12px;border-collapse:collapse'><tr>{head}</tr>"
+            f"{''.join(body)}</table>")
 
 
 def _escape(text):
