@@ -4,15 +4,21 @@ as binary arrays), so a refresh costs a message per changed curve, whatever the 
 """
 
 import html
+import math
 
 import bqplot
 import ipywidgets as w
 import numpy as np
+from bqplot.traits import array_dimension_bounds, array_from_json, array_squeeze, array_to_json
+from traittypes import Array
 
 from ..notebook.history import decimate
 from ..rank.report import DEFAULT_RUN
-from .colors import rank_color
+from ..wire.ranks import label_ranks
+from .colors import TEXT, chip_style, identical_groups, rank_color, stacked_widths
 from .summary import summary_html
+
+LEGEND_TEXT = {"fill": TEXT}  # legend entries in the theme's text colour (bqplot writes them in the curve's)
 
 
 class MetricsWidget:
@@ -65,6 +71,7 @@ class MetricsWidget:
                     changed |= self._draw(figure, run, name, rank)
                 if changed:
                     self._allow_log(run, name)
+                    self._place_nan_labels(run, name)
         tables = "".join(summary_html(self.history, run, now=now, live=live, finished=finished) for run in self.runs)
         if tables != self.tables.value:
             self.tables.value = tables
@@ -111,6 +118,21 @@ class MetricsWidget:
             toggle.value = False
             toggle.disabled = True
             toggle.tooltip = LOG_NEEDS_POSITIVE if lowest else LOG_NEEDS_VALUES
+
+    def _place_nan_labels(self, run, name):
+        """Each NaN cross's label above or below the cross, wherever the other ranks' curves leave it room."""
+        marks = {rank: mark for (r, n, rank), mark in self.nan_marks.items() if (r, n) == (run, name)}
+        if not marks:
+            return
+        series = {rank: self.history.series[(run, rank, name)].arrays() for rank in self.history.ranks(run)
+                  if (run, rank, name) in self.history.series}
+        log = isinstance(self.scales[(run, name)]["y"], bqplot.LogScale)
+        for rank, mark in marks.items():
+            others = {r: arrays for r, arrays in series.items() if r != rank}
+            offset = nan_label_offset(float(mark.x[0]), float(mark.y[0]), others, series, log=log)
+            if mark.label_display_vertical_offset != offset:
+                mark.label_display_vertical_offset = offset
+                self.messages += 1
 
     def _draw(self, figure, run, name, rank):
         series = self.history.series.get((run, rank, name))
@@ -176,15 +198,61 @@ def _nan_mark(steps, values, finite, rank, scales):
     value = float(values[first])
     word = "NaN" if np.isnan(value) else ("inf" if value > 0 else "-inf")
     label = f"{word} from step {int(steps[first])}"
+    # the label right of the cross and above it (bqplot: a positive vertical offset is up), clear of the curve that
+    # ends there (it runs in from the left); MetricsWidget moves it up or down, clear of the other ranks' curves
     return bqplot.Scatter(x=[int(steps[first])], y=[y], scales=scales, colors=[rank_color(rank)], marker="cross",
                           default_size=80, names=[label], display_names=True, labels=[f"rank {rank}: {label}"],
+                          label_display_horizontal_offset=6.0, label_display_vertical_offset=LABEL_OFFSETS[0],
                           display_legend=False, tooltip=bqplot.Tooltip(fields=["name"], labels=[f"rank {rank}"]))
 
 
+PLOT_WIDTH, PLOT_HEIGHT = 440 - 70 - 20, 290 - 30 - 50  # a chart's plot area in pixels (its layout less margins)
+LABEL_WIDTH, LABEL_HEIGHT = 100, 12  # "NaN from step 1234" at bqplot's 11 px
+# the label's baseline above (+) or below (-) the cross, in pixels: clear of the cross (about 9 px across) and near
+# enough to read as its label, the nearest first
+LABEL_OFFSETS = tuple(sorted([float(v) for v in range(8, 25, 2)] + [float(-v) for v in range(13, 29, 2)],
+                             key=lambda v: (abs(v) - (4 if v < 0 else 0), -v)))
+
+
+def nan_label_offset(step, value, others, everyone, *, log=False):
+    """The vertical offset (bqplot's, pixels up) for the label of a NaN cross at (*step*, *value*): the nearest of
+    :data:`LABEL_OFFSETS` whose label box no curve of *others* (``{rank: (steps, values)}``) crosses (else the one
+    crossed least), the chart's scales spanning *everyone*'s finite values over a :data:`PLOT_WIDTH` ×
+    :data:`PLOT_HEIGHT` plot."""
+    def y(values):
+        return np.log10(np.clip(values, 1e-300, None)) if log else values
+
+    steps = [s for s, _ in everyone.values() if len(s)]
+    values = [y(v[np.isfinite(v)]) for _, v in everyone.values()]
+    values = [v for v in values if len(v)]
+    if not steps or not values:
+        return LABEL_OFFSETS[0]
+    x_low, x_high = min(float(s.min()) for s in steps), max(float(s.max()) for s in steps)
+    y_low, y_high = min(float(v.min()) for v in values), max(float(v.max()) for v in values)
+    per_step = PLOT_WIDTH / max(x_high - x_low, 1e-12)
+    per_unit = PLOT_HEIGHT / max(y_high - y_low, 1e-12)
+    window = (step, step + (6 + LABEL_WIDTH) / per_step)
+    spans = []  # pixels above the cross (up positive) that each other curve covers under the label
+    for s, v in others.values():
+        # the points under the label and one either side: the segments that cross it
+        first, last = np.searchsorted(s, window[0]), np.searchsorted(s, window[1], side="right")
+        part = v[max(0, first - 1):last + 1]
+        part = part[np.isfinite(part)]
+        if len(part):
+            heights = (y(part) - y(np.array([value]))[0]) * per_unit
+            spans.append((float(heights.min()) - 1, float(heights.max()) + 1))  # and the line's width
+
+    def crossed(offset):  # pixels of the label's height (its descent to its cap height) that curves cover
+        low, high = offset - 3, offset - 3 + LABEL_HEIGHT
+        return sum(max(0.0, min(high, top) - max(low, bottom)) for bottom, top in spans)
+
+    return min(LABEL_OFFSETS, key=lambda offset: (crossed(offset), LABEL_OFFSETS.index(offset)))
+
+
 def _figure(title):
-    return bqplot.Figure(title=title, marks=[], axes=[], legend_location="top-right",
-                         fig_margin={"top": 30, "bottom": 40, "left": 70, "right": 20},
-                         layout=w.Layout(width="440px", height="280px"))
+    return bqplot.Figure(title=title, marks=[], axes=[], legend_location="top-right", legend_text=LEGEND_TEXT,
+                         fig_margin={"top": 30, "bottom": 50, "left": 70, "right": 20},
+                         layout=w.Layout(width="440px", height="290px"))
 
 
 def _scales():
@@ -192,22 +260,61 @@ def _scales():
 
 
 def _axes(scales, name):
-    return [bqplot.Axis(scale=scales["x"], label="step", grid_lines="none"),
-            bqplot.Axis(scale=scales["y"], side="left", label=name, tick_format=".4~g")]
+    # the labels beyond the tick labels: "step" under them, the metric's name left of "0.0001234"
+    return [bqplot.Axis(scale=scales["x"], label="step", grid_lines="none", label_offset="36px"),
+            bqplot.Axis(scale=scales["y"], side="left", label=name, tick_format=".4~g", label_offset="56px")]
+
+
+def _nan_as_null(value, widget):
+    """A colour array as bqplot sends it, but with NaN as ``null`` (plain JSON lists): bqplot's GridHeatMap draws
+    its ``null_color`` only for a null, and a NaN sent as binary float64 came out black."""
+    if value is None:
+        return None
+    array = np.asarray(value, dtype=np.float64)
+    if np.isfinite(array).all():
+        return array_to_json(array, widget)
+    return np.where(np.isfinite(array), array, None).tolist()
+
+
+class NullColorGridHeatMap(bqplot.GridHeatMap):
+    """A :class:`bqplot.GridHeatMap` whose NaN (and infinite) cells are drawn in ``null_color``."""
+
+    color = Array(None, allow_none=True).tag(sync=True, scaled=True, rtype="Color", atype="bqplot.ColorAxis",
+                                             to_json=_nan_as_null, from_json=array_from_json) \
+        .valid(array_squeeze, array_dimension_bounds(1, 2))
+
+
+def count_ticks(top, most=5):
+    """Integer ticks from 0 for a count axis whose largest count is *top*: steps of 1, 2 or 5 times a power of
+    ten, at most *most* ticks, none above *top* (the axis ends a little above it)."""
+    top = max(1, int(math.ceil(top)))
+    step = 1
+    while top // step + 1 > most:
+        step = _next_step(step)
+    return list(range(0, top + 1, step))
+
+
+def _next_step(step):
+    """1, 2, 5, 10, 20, 50, ..."""
+    scale = 10 ** int(math.floor(math.log10(step)))
+    lead = step // scale
+    return (2 if lead == 1 else 5 if lead == 2 else 10) * scale
 
 
 def histogram_figure(title, x_label, width):
     """An empty figure for per-rank histograms (the tensor inspector's, ``%mpi grads``'s); see :func:`draw_histograms`.
 
     Few, compact ticks on the value axis (labels like ``-0.15`` would run into each other) and a right margin for
-    the last one; no legend inside the plot, where it would cover the peaks: :func:`histogram_legend` is the key.
+    the last one; integer ticks on the count axis, its label beyond them; no legend inside the plot, where it would
+    cover the peaks: :func:`histogram_legend` is the key.
     """
     x_scale, y_scale = bqplot.LinearScale(), bqplot.LinearScale(min=0.0)
     figure = bqplot.Figure(marks=[], title=title,
-                           axes=[bqplot.Axis(scale=x_scale, label=x_label, tick_format=".2~g", num_ticks=5),
+                           axes=[bqplot.Axis(scale=x_scale, label=x_label, tick_format=".2~g", num_ticks=5,
+                                             label_offset="34px"),
                                  bqplot.Axis(scale=y_scale, side="left", label="count", tick_format="~s",
-                                             num_ticks=5)],
-                           fig_margin={"top": 40, "bottom": 40, "left": 60, "right": 40},
+                                             tick_values=np.array(count_ticks(1)), label_offset="44px")],
+                           fig_margin={"top": 40, "bottom": 46, "left": 64, "right": 40},
                            layout=w.Layout(width=width, height="300px"))
     figure.base_title = title  # the title without the "nothing finite" note
     return figure
@@ -215,17 +322,20 @@ def histogram_figure(title, x_label, width):
 
 def draw_histograms(figure, histograms, *, legend=None):
     """Draw ``{rank: (counts, edges)}`` into *figure*: one step line per rank, in the rank's colour, both axes
-    scaled to these histograms (not to the ones drawn before). Without any, the title says there is nothing finite
-    to draw. *legend*, an ``ipywidgets.HTML``, gets the ranks' colour key."""
+    scaled to these histograms (not to the ones drawn before). Ranks whose histograms are the same are drawn as
+    nested bands (the lowest rank widest, underneath), so that each one's colour shows. Without any, the title says
+    there is nothing finite to draw. *legend*, an ``ipywidgets.HTML``, gets the ranks' colour key."""
     x_scale, y_scale = figure.axes[0].scale, figure.axes[1].scale
     scales = {"x": x_scale, "y": y_scale}
     title = getattr(figure, "base_title", figure.title)
+    widths = stacked_widths(histograms)
     marks = []
     low = high = top = None
     for rank, (counts, edges) in sorted(histograms.items()):
         centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
         marks.append(bqplot.Lines(x=centres, y=counts, scales=scales, colors=[rank_color(rank)],
-                                  labels=[f"rank {rank}"], display_legend=False, interpolation="step-after"))
+                                  labels=[f"rank {rank}"], display_legend=False, interpolation="step-after",
+                                  stroke_width=widths[rank]))
         low = min(edges[0], low) if low is not None else edges[0]
         high = max(edges[-1], high) if high is not None else edges[-1]
         top = max(max(counts, default=0), top or 0)
@@ -236,15 +346,21 @@ def draw_histograms(figure, histograms, *, legend=None):
             with x_scale.hold_sync():
                 x_scale.min, x_scale.max = float(low), float(high)
             y_scale.max = float(top) * 1.05 if top else 1.0
+            figure.axes[1].tick_values = np.array(count_ticks(top or 1))
             figure.title = title
         else:
             figure.title = f"{title}: nothing finite to draw"
         figure.marks = marks
     if legend is not None:
-        legend.value = histogram_legend(sorted(histograms))
+        legend.value = histogram_legend(sorted(histograms), identical_groups(histograms))
 
 
-def histogram_legend(ranks):
-    """A one-line colour key of *ranks* (HTML), for beside a histogram figure."""
-    return "".join(f"<span style='color:{rank_color(rank)};margin-right:8px;font-size:12px'>&#9632; rank {rank}</span>"
-                   for rank in ranks)
+def histogram_legend(ranks, identical=()):
+    """A one-line colour key of *ranks* (HTML), for beside a histogram figure; *identical*: groups of ranks whose
+    histograms are the same, said after the key."""
+    key = "".join(f"<span style='{chip_style(rank)};margin-right:6px;font-size:12px;color:{rank_color(rank)}'>"
+                  f"&#9632; rank {rank}</span>" for rank in ranks)
+    same = "".join(f"<span style='font-size:12px;margin-left:4px'>"
+                   f"{'every rank' if len(group) == len(ranks) else label_ranks(group)} identical "
+                   "(nested bands)</span>" for group in identical)
+    return f"<div style='line-height:1.9'>{key}{same}</div>"

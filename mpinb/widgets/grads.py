@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from html import escape as _escape
 
 from ..wire.ranks import label_ranks
+from .colors import NAN_COLOR, WRAP, color, tint
 from .text import aligned, number
 
 RTOL = 1e-6
-NAN_COLOR = "#9e9e9e"  # heatmap cells whose gradient norm is NaN (or missing)
 HEATMAP_TITLE = "grad norm ÷ median rank"
 HEATMAP_LEGEND = "1 white, less red, more blue; NaN grey"
 
@@ -151,7 +151,7 @@ def grads_widget(reports):
     import ipywidgets as w
     import numpy as np
 
-    from .charts import draw_histograms, histogram_figure
+    from .charts import NullColorGridHeatMap, draw_histograms, histogram_figure
 
     ranks = sorted(reports[0].norm) if reports else []
     with_grads = [r for r in reports if r.grad_norm]
@@ -160,15 +160,23 @@ def grads_widget(reports):
     if ratio is not None:
         scales = {"row": bqplot.OrdinalScale(reverse=True), "column": bqplot.OrdinalScale(),
                   "color": bqplot.ColorScale(scheme="RdBu", min=0.0, mid=1.0, max=2.0)}
-        grid = bqplot.GridHeatMap(color=ratio, row=[r.layer for r in with_grads], null_color=NAN_COLOR,
-                                  column=[f"rank {rank}" for rank in ranks], scales=scales)
-        legend = bqplot.ColorAxis(scale=scales["color"], side="right", num_ticks=5,
-                                  label=HEATMAP_LEGEND)
+        grid = NullColorGridHeatMap(color=ratio, row=[r.layer for r in with_grads], null_color=NAN_COLOR,
+                                    column=[f"rank {rank}" for rank in ranks], scales=scales)
+        legend = bqplot.ColorAxis(scale=scales["color"], side="right", num_ticks=5, label=HEATMAP_LEGEND)
+        # bqplot draws a vertical colour bar 100 px short of the plot's top and bottom, its label centred above it,
+        # unwrapped: the plot is at least 300 px high (a bar of 100 px for five ticks), the right margin holds the
+        # label's width on both sides of the bar
+        longest = max(len(r.layer) for r in with_grads)
+        left = min(240, 24 + 7 * longest)
+        right = 40 + 7 * len(HEATMAP_LEGEND)
+        plot_width = max(240, 60 * len(ranks))
+        plot_height = max(300, 28 * len(with_grads))
         heatmap = bqplot.Figure(marks=[grid], title=HEATMAP_TITLE,
                                 axes=[bqplot.Axis(scale=scales["column"]),
                                       bqplot.Axis(scale=scales["row"], side="left"), legend],
-                                fig_margin={"top": 40, "bottom": 30, "left": 120, "right": 90},
-                                layout=w.Layout(width="520px", height=f"{max(240, 28 * len(with_grads) + 80)}px"))
+                                fig_margin={"top": 40, "bottom": 30, "left": left, "right": right},
+                                layout=w.Layout(width=f"{left + plot_width + right}px",
+                                                height=f"{40 + plot_height + 30}px"))
     table = w.HTML(_table_html(reports))
     chooser = w.Dropdown(options=[r.layer for r in with_grads], description="layer", layout=w.Layout(width="auto"))
     histogram = histogram_figure("gradient histogram per rank", "gradient", "480px")
@@ -185,7 +193,8 @@ def grads_widget(reports):
         chooser.value = flagged[0] if flagged else with_grads[0].layer
         show()
     top = [heatmap] if heatmap is not None else []
-    box = w.VBox([w.HBox(top + [w.VBox([chooser, legend, histogram])]), table])
+    charts = w.Box(top + [w.VBox([chooser, legend, histogram])], layout=w.Layout(display="flex", flex_flow="row wrap"))
+    box = w.VBox([charts, table])
     box.reports, box.chooser, box.heatmap, box.histogram, box.table = reports, chooser, heatmap, histogram, table
     box.legend = legend
     return box
@@ -196,22 +205,24 @@ def _table_html(reports):
     ranks = sorted(reports[0].norm) if reports else []
     shared = _shared_flags(reports)
     header = ["layer", "shape", *(f"|grad| rank {r}" for r in ranks), "grad max |Δ|", "weight max |Δ|", "flags"]
-    head = "".join(f"<th align=left style='padding-right:12px;white-space:nowrap'>{_escape(h)}</th>" for h in header)
+    cell = "text-align:left;padding:0 12px 0 0;white-space:nowrap"
+    head = "".join(f"<th style='{cell}'>{_escape(h)}</th>" for h in header)
     body = []
     for report in reports:
         cells = [report.layer + (" (buffer)" if report.kind == "buffer" else ""), str(report.shape)]
         cells += [number(report.grad_norm.get(r)) for r in ranks]
         cells += [number(report.grad_diff) if report.grad_norm else "", number(report.diff)]
-        tds = "".join(f"<td style='padding-right:12px;white-space:nowrap'>{_escape(c)}</td>" for c in cells)
+        tds = "".join(f"<td style='{cell}'>{_escape(c)}</td>" for c in cells)
         flags = "<br>".join(_escape(f"[{shared[flag][0]}] {_head(flag)}" if flag in shared else flag)
                             for flag in report.flags)
-        style = " style='background:#fdecea'" if report.flags else ""
-        body.append(f"<tr{style}>{tds}<td style='color:#c62828;text-align:left;min-width:18em'>{flags}</td></tr>")
+        style = f" style='{tint('flag')}'" if report.flags else ""
+        body.append(f"<tr{style}>{tds}<td style='{color('error')};text-align:left;min-width:14em;{WRAP}'>{flags}</td>"
+                    "</tr>")
     verdict = _escape(_verdict(reports) if reports else "no parameters")
-    notes = "".join(f"<div style='color:#c62828;font-size:12px'>[{number}] on {count} layers: {_escape(flag)}</div>"
-                    for flag, (number, count) in shared.items())
-    return (f"<b>{verdict}</b>{notes}<table style='font-family:monospace;font-size:12px'><tr>{head}</tr>"
-            f"{''.join(body)}</table>")
+    notes = "".join(f"<div style='{color('error')};font-size:12px;{WRAP}'>[{number}] on {count} layers: "
+                    f"{_escape(flag)}</div>" for flag, (number, count) in shared.items())
+    return (f"<div style='{WRAP}'><b>{verdict}</b></div>{notes}<table style='font-family:monospace;font-size:12px;"
+            f"border-collapse:collapse'><tr>{head}</tr>{''.join(body)}</table>")
 
 
 def _shared_flags(reports):
