@@ -4,7 +4,8 @@ without a kernel, nbconvert's HTML, nbviewer and GitHub's preview.
 Each function returns a MIME bundle: ``text/html`` (tables, with the charts as embedded PNG images),
 ``image/png`` (the charts alone, for renderers that show images but not HTML) and ``text/plain`` (what a
 terminal prints). Charts are drawn with matplotlib's Agg backend through its object API (no pyplot state, no
-display, nothing shared between threads), in the same colours as the live bqplot charts.
+display, nothing shared between threads), in the same colours as the live bqplot charts, on an opaque white
+background of their own whatever the notebook's theme (texts in dark colours on it, never in a light rank colour).
 """
 
 import base64
@@ -14,10 +15,13 @@ import math
 
 import numpy as np
 
-from .colors import rank_color
+from ..wire.ranks import label_ranks
+from .colors import NAN_COLOR, identical_groups, rank_color, stacked_widths
 
 DPI = 100
-NAN_COLOUR = "#9e9e9e"
+NAN_COLOUR = NAN_COLOR
+PAPER = "#ffffff"  # every chart's background: opaque, so that its dark texts read in a dark theme too
+INK = "#222222"  # texts drawn over curves (in a rank's colour, a light one would not read on PAPER)
 BAR_POINTS = 12  # a timeline bar's thickness
 
 
@@ -40,7 +44,7 @@ def figure(width, height, *, left=60, right=20, top=28, bottom=40, between=(60, 
     (a layout engine would find them too, at about twice the cost of drawing)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI)
+    fig = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, facecolor=PAPER)
     fig.pixel_margins = dict(left=left, right=right, top=top, bottom=bottom, between=between)
     return fig
 
@@ -61,7 +65,7 @@ def grid(fig, rows, columns, count=None):
 def png(fig):
     """*fig* as a base64 PNG."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
+    fig.savefig(buffer, format="png", dpi=DPI, facecolor=PAPER, transparent=False)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -103,10 +107,12 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
                 step = steps[bad[0]]
                 ax.axvline(step, color=rank_color(rank), linestyle=":", linewidth=1)
                 right = step > (steps[0] + steps[-1]) / 2  # the label on the side with room
+                # dark text on a white box edged in the rank's colour: readable over the curves it may cross
                 ax.annotate(f"rank {rank}: {_nonfinite(values[bad[0]])} from step {step}", (step, 1.0),
-                            xycoords=("data", "axes fraction"), xytext=(-3 if right else 3, -12 - 11 * marked),
-                            textcoords="offset points", ha="right" if right else "left", fontsize=8,
-                            color=rank_color(rank))
+                            xycoords=("data", "axes fraction"), xytext=(-3 if right else 3, -12 - 13 * marked),
+                            textcoords="offset points", ha="right" if right else "left", fontsize=8, color=INK,
+                            bbox=dict(boxstyle="round,pad=0.2", facecolor=PAPER, edgecolor=rank_color(rank),
+                                      linewidth=1, alpha=0.9))
                 marked += 1
         finite = np.concatenate(values_seen) if values_seen else np.zeros(0)
         wanted = (log or {}).get((run, name))
@@ -164,36 +170,49 @@ def histograms_figure(panels, *, x_label, columns=3, width=300, height=190):
     rows = -(-len(panels) // columns)
     fig = figure(width * columns + 70, height * rows, left=50, right=90, top=24, bottom=36, between=(50, 60))
     axes = grid(fig, rows, columns, len(panels))
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    keyed = set()  # the ranks drawn in some panel
     for ax, (title, histograms) in zip(axes, panels):
         drawn = False
+        histograms = {rank: histogram for rank, histogram in histograms.items() if _drawable(histogram)}
+        widths = stacked_widths(histograms, base=1.2, step=1.8)  # identical ranks as nested bands, all visible
         for rank, histogram in sorted(histograms.items()):
-            if not histogram:
-                continue
             counts, edges = (np.asarray(part, dtype=np.float64) for part in histogram)
-            if not len(counts) or not np.isfinite(edges).all():
-                continue
-            ax.stairs(counts, edges, color=rank_color(rank), linewidth=1.2, label=f"rank {rank}")
+            ax.stairs(counts, edges, color=rank_color(rank), linewidth=widths[rank], label=f"rank {rank}")
             drawn = True
+            keyed.add(rank)
         if not drawn:
             ax.text(0.5, 0.5, "no finite values to draw", ha="center", va="center", transform=ax.transAxes,
                     fontsize=9, color=NAN_COLOUR)
             ax.set_xticks([])
             ax.set_yticks([])
         else:
-            ax.locator_params(nbins=4)
-            ax.set_xlabel(x_label, fontsize=8)
+            ax.locator_params(axis="x", nbins=4)
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # counts
+            same = identical_groups(histograms)
+            ax.set_xlabel(x_label + "".join(f"; {_ranks(group, len(histograms))} identical" for group in same),
+                          fontsize=8)
             ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
         _title(ax, _clip(title, 48), size=9)
         ax.tick_params(labelsize=7)
-    handles, labels = [], []
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    if handles:
-        fig.legend(handles, labels, loc="upper right", fontsize=8, frameon=False)
+    if keyed:  # one line width in the key: the curves' widths only tell identical ranks apart
+        handles = [Line2D([], [], color=rank_color(rank), linewidth=1.5) for rank in sorted(keyed)]
+        fig.legend(handles, [f"rank {rank}" for rank in sorted(keyed)], loc="upper right", fontsize=8,
+                   frameon=False)
     return fig
+
+
+def _drawable(histogram):
+    if not histogram:
+        return False
+    counts, edges = (np.asarray(part, dtype=np.float64) for part in histogram)
+    return bool(len(counts)) and bool(np.isfinite(edges).all())
+
+
+def _ranks(group, everyone):
+    return "all ranks" if len(group) == everyone else label_ranks(group)
 
 
 def heatmap_png(rows, columns, values, **options):
@@ -209,8 +228,9 @@ def heatmap_figure(rows, columns, values, *, title, label):
     values = np.asarray(values, dtype=np.float64)
     labels = [_clip(row, 32) for row in rows]
     left = 24 + 6 * max((len(label) for label in labels), default=4)  # about 6 px a character at 8 points
-    width, height = left + max(240, 64 * len(columns)) + 150, 78 + 24 * max(2, len(rows))
-    fig = figure(width, height, left=left, right=150, top=34, bottom=40)
+    right = 190  # the colour bar (14 px), its tick labels, then the caption beyond them
+    width, height = left + max(240, 64 * len(columns)) + right, 78 + 24 * max(2, len(rows))
+    fig = figure(width, height, left=left, right=right, top=34, bottom=40)
     ax = grid(fig, 1, 1)[0]
     finite = values[np.isfinite(values)]
     high = max(2.0, float(finite.max()) if len(finite) else 2.0)
@@ -226,7 +246,8 @@ def heatmap_figure(rows, columns, values, *, title, label):
     bar = fig.colorbar(image, cax=fig.add_axes([box.x1 + 14 / width, box.y0, 14 / width, box.height]))
     bar.ax.tick_params(labelsize=7)
     note = label + ("\n\ngrey: NaN" if np.isnan(values).any() else "")
-    fig.text((width - 100) / width, box.y0 + box.height / 2, note, ha="left", va="center", fontsize=8, wrap=True)
+    # beyond the bar (14 px from the plot, 14 px wide) and its tick labels (about 30 px at 7 points)
+    fig.text(box.x1 + (14 + 14 + 40) / width, box.y0 + box.height / 2, note, ha="left", va="center", fontsize=8)
     return fig
 
 
