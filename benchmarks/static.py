@@ -25,7 +25,7 @@ from results import publish
 from mpinb.notebook.history import History
 from mpinb.notebook.traces import frame, summarize
 from mpinb.rank.gather import leaf_stats
-from mpinb.widgets import static
+from mpinb.widgets import static, timeline
 from mpinb.widgets.grads import grad_report
 from mpinb.widgets.inspector import inspect_gathered
 
@@ -74,7 +74,7 @@ def timeline_case():
                         int((t + 4e-4) * 1e9), i, "collective", "") for i, t in enumerate(starts)]
     trace = frame(spans)
     summary = summarize(trace)
-    return lambda: static.timeline_bundle(trace, summary), 1
+    return lambda: timeline.timeline_bundle(trace, summary), 1
 
 
 CASES = [("live charts: 4 ranks × 1,000 steps, 2 metrics", metrics_case),

@@ -150,7 +150,7 @@ def test_bfloat16_from_jax_and_tensorflow_gets_real_statistics(tf, jax, world_of
     world_of(2)
     mpi(BFLOAT16, line="--gather jx tx")
     text = capsys.readouterr().out
-    assert "jx: differs on rank 1 (max |Δ| nan); NaN/Inf on rank 1" in text
+    assert "jx: NaN/Inf on rank 1" in text and "max |Δ| nan" not in text
     assert "tx: differs on rank 1 (max |Δ| 0.75)" in text
     result = magics.last
     gathered = {name: ip.user_ns[name] for name in result.gathered}  # the values went to the namespace

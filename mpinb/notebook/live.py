@@ -11,6 +11,9 @@ import time
 from ..widgets import views
 from ..widgets.summary import summary_text
 
+# JupyterLab breaks an output's <pre> anywhere (word-break: break-all): 'cal/l'; lines break between words here
+PRE_WRAP = "white-space:pre-wrap;word-break:normal;overflow-wrap:break-word"
+
 
 class LiveMetrics:
     """The metrics side of one running cell.
@@ -127,10 +130,10 @@ class CellStatus:
 
             text = "<br>".join(html.escape(line) for line in lines)
             if self.view is None:  # gone when the cell ends: what it said is no longer true
-                self.view = ipywidgets.HTML(f"<pre>{text}</pre>")
+                self.view = ipywidgets.HTML(f"<pre style=\"{PRE_WRAP}\">{text}</pre>")
                 views.show(self.view, lambda: {"text/plain": ""}, name="cell status")
             else:
-                self.view.value = f"<pre>{text}</pre>"
+                self.view.value = f"<pre style=\"{PRE_WRAP}\">{text}</pre>"
         else:
             self.stream.write("".join(f"[mpinb] {line}\n" for line in lines))
             self.stream.flush()
@@ -195,7 +198,7 @@ def show_trace(trace, summary=None, *, view):
 
     summary = summary or summarize(trace)
     if view == "widgets":
-        from ..widgets.static import timeline_bundle
+        from ..widgets.timeline import timeline_bundle
         from ..widgets.timeline import TimelineWidget
 
         views.show_at_end(lambda: TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary),

@@ -22,9 +22,6 @@ DPI = 100
 NAN_COLOUR = NAN_COLOR
 PAPER = "#ffffff"  # every chart's background: opaque, so that its dark texts read in a dark theme too
 INK = "#222222"  # texts drawn over curves (in a rank's colour, a light one would not read on PAPER)
-BAR_POINTS = 12  # a timeline bar's thickness
-
-
 def bundle(text, html_parts, images=()):
     """A MIME bundle of *text*, the HTML *html_parts* joined, and the first of *images* (base64 PNGs) as the
     bundle's ``image/png``."""
@@ -296,58 +293,6 @@ def inspector_bundle(reports, *, most=6):
 
 
 # ---------------------------------------------------------------------- timeline
-
-
-def timeline_png(trace, *, max_segments=2000):
-    """The whole trace: one lane per rank, its calls as bars in their operation's colour (merged below a
-    pixel as the live timeline does), step ticks, and a legend of operations."""
-    from ..notebook.traces import traced_ranks
-    from .timeline import OP_PALETTE, _bucketed
-
-    calls = trace[trace["kind"] != "step"]
-    spent = (calls["end"] - calls["start"]).groupby(calls["op"]).sum()
-    ops = sorted(spent.index, key=lambda op: (-spent[op], op))
-    ranks = traced_ranks(trace)
-    end = float(trace["end"].max()) if len(trace) else 0.0
-    end = end if end > 0 else 1.0
-    fig = figure(900, max(200, 110 + 32 * len(ranks)), right=150)
-    ax = grid(fig, 1, 1)[0]
-    colours = {op: OP_PALETTE[i % len(OP_PALETTE)] for i, op in enumerate(ops)}
-    buckets = max(1, max_segments // max(1, len(ops)))
-    for (rank, op), spans in calls.groupby(["rank", "op"], sort=False):
-        starts, ends = spans["start"].to_numpy(np.float64), spans["end"].to_numpy(np.float64)
-        order = np.argsort(starts, kind="stable")
-        begin, finish = _bucketed(starts[order], ends[order], 0.0, end, buckets)
-        finish = np.maximum(finish, begin + end * 2e-4)  # at least a fraction of a pixel
-        # one path of NaN-separated segments per operation and lane: building a collection of thousands of
-        # bars costs ten times as much
-        ax.plot(np.column_stack([begin, finish, np.full(len(begin), np.nan)]).ravel(),
-                np.tile([int(rank), int(rank), np.nan], len(begin)), color=colours[op], linewidth=BAR_POINTS,
-                solid_capstyle="butt")
-    for rank, spans in trace[trace["kind"] == "step"].groupby("rank"):
-        ax.vlines(spans["start"].to_numpy(np.float64), int(rank) - 0.45, int(rank) - 0.3, color="#444444",
-                  linewidth=0.6)
-    ax.set_xlim(0.0, end)
-    ax.set_ylim(max(ranks, default=0) + 0.7, min(ranks, default=0) - 0.7)
-    ax.set_yticks(ranks, [f"rank {rank}" for rank in ranks], fontsize=8)
-    ax.set_xlabel("seconds since the trace began", fontsize=9)
-    ax.tick_params(labelsize=8)
-    _title(ax, "MPI calls by rank")
-    from matplotlib.patches import Patch
-
-    handles = [Patch(color=colours[op], label=op) for op in ops[:12]]
-    if handles:
-        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    return png(fig)
-
-
-def timeline_bundle(trace, summary):
-    """The traced cell's timeline and its summary table."""
-    from ..notebook.traces import summary_html, summary_text
-
-    chart = timeline_png(trace)
-    return bundle(summary_text(summary), [img(chart, "timeline of MPI calls by rank"), summary_html(summary)],
-                  [chart])
 
 
 def _title(ax, text, *, size=10):
