@@ -32,8 +32,9 @@ def differences(replies, said):
             elif any(prints.get("batchnorm") for prints in by_rank.values()):
                 lines.append(f"the BatchNorm statistics of `{label}` differ across ranks ({shown}: {apart}): each "
                              "rank normalises with its own batch's mean and variance, and DDP overwrites the others' "
-                             "with rank 0's at each forward; on GPUs torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), "
-                             "before wrapping it in DDP, computes them across ranks (on CPU, average the running "
+                             "with rank 0's at each forward; on GPUs "
+                             "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), before wrapping it in DDP, "
+                             "computes them across ranks (on CPU, average the running "
                              "statistics with dist.all_reduce after each step, or use GroupNorm)")
             else:
                 lines.append(f"the buffers of `{label}` differ across ranks after this cell ({shown}: {apart})")

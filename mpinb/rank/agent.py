@@ -114,6 +114,7 @@ class Agent:
                 reply = runner.call(options["call"])
             else:
                 reply = runner.run_cell(code, number=number, source=options.get("source"))
+            tracing.state.outstanding.clear()  # the cell is over: this rank waits for nothing it launched
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply["collectives"] = (tracing.state.counts(), tracing.state.changed(counts))
             if replicas.watched and "error" not in reply:  # models meant to be the same on every rank

@@ -35,10 +35,11 @@ def settle(items):
 
 def _do(item):
     kind, name = item[0], item[1]
-    if kind == "join" and name.startswith("torch:"):  # a torch.distributed group's collective
-        from . import trace_torch
+    if kind == "join" and name.startswith("torch:"):  # a torch.distributed group's collective, or a DDP step
+        from . import trace_ddp, trace_torch
 
-        trace_torch.stand_in(name, tuple(item[2]))
+        stand_in = trace_ddp.shadow if item[2][0] == trace_ddp.OP else trace_torch.stand_in
+        stand_in(name, tuple(item[2]))
         return
     comm = _comm(name)
     if kind == "join":

@@ -1,16 +1,17 @@
-"""DistributedDataParallel's gradient allreduce in the rank's ledger, through DDP's own communication hook.
+"""DistributedDataParallel's gradient allreduce in the rank's ledger: one entry per training step.
 
-DDP reduces gradients from C++ (its Reducer calls the process group), out of sight of the wrapped
-``torch.distributed`` functions. Its one sanctioned place for Python to see each bucket is the communication hook
-(``register_comm_hook``): every DDP model gets :class:`Buckets` as its hook when it is made. Unless the user
-registers a hook of their own, it does what torch's ``allreduce_hook`` does (divide by the group's size, launch
-an asynchronous ``all_reduce``), noting the bucket in the group's ledger as ``DDP all_reduce`` with its element
-count and type; a user's hook (or a built-in one) is run by it instead, and the collectives that hook calls are
-noted by the wrapped functions. So a rank waiting at the end of ``backward()`` for a bucket another rank never
-sends is seen by the roll call, like an mpi4py collective.
+DDP reduces gradients from C++ (its Reducer calls the process group as each bucket's gradients are ready), out of
+sight of the wrapped ``torch.distributed`` functions. What Python does see is the forward pass that sets the
+Reducer up for the backward (``_pre_forward``): there every DDP model notes, per step that will reduce (grad
+enabled, not inside ``no_sync()``), one collective ``DDP all_reduce(<gradient elements> x <dtype>)`` in the
+group's ledger, outstanding until the model's next forward or the end of the cell. A rank waiting at the end of
+``backward()`` for buckets another rank never sends is then seen by the roll call like an mpi4py collective,
+and a rank that never entered it can stand in for it as DDP's ``join()`` does (``shadow``): it reduces zeros for
+every bucket, in the Reducer's bucket order, so the waiting rank's backward completes.
 
-The cost is a Python call per bucket per step (a few per step for most models) where torch would call its C++
-hook. ``join()`` runs the same hook for the ranks that joined, so their stand-in buckets are counted too.
+DDP's own C++ allreduce is left as it is (a Python communication hook per bucket cost a small model's step 12%,
+mostly in taking the GIL for each bucket's callback); the cost here is one Python call per forward. The hooks a
+user registers (``register_comm_hook``) run as torch runs them.
 """
 
 import functools
@@ -23,106 +24,107 @@ OP = "DDP all_reduce"
 _state = tracing.state
 _done = False
 models = weakref.WeakSet()  # the DDP models made on this rank, to name their parameters in DDP's errors
+_steps = weakref.WeakKeyDictionary()  # DDP model -> (count, dtype, its step's outstanding entry or None)
+_original_match = []  # DDP's own _match_all_reduce_for_bwd_pass, which shadow() calls (it counts the step itself)
 
 
 def install(module):
-    """Give every DDP model of *module* (``torch.nn.parallel.distributed``) made from now on a :class:`Buckets`
-    hook (idempotent)."""
+    """Note every step of the DDP models of *module* (``torch.nn.parallel.distributed``) made from now on in the
+    ledger, and a joined rank's stand-in steps (idempotent)."""
     global _done
     if _done or not trace_torch.original:  # torch.distributed is not wrapped (not available): nothing to note
         return
     _done = True
     ddp = module.DistributedDataParallel
-    made, register, builtin = ddp.__init__, ddp.register_comm_hook, ddp._register_builtin_comm_hook
+    made = ddp.__init__
 
     @functools.wraps(made)
     def __init__(self, *args, **kwargs):
         made(self, *args, **kwargs)
         models.add(self)
         replicas.watch(self)
-        reducer = getattr(self, "reducer", None)
-        if reducer is None or getattr(self, "_comm_hooks", None):
+        if getattr(self, "reducer", None) is None:
             return
-        import torch.distributed as dist
+        grads = [parameter for parameter in self.parameters() if parameter.requires_grad]
+        dtypes = {parameter.dtype for parameter in grads}
+        dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None
+        _steps[self] = [sum(parameter.numel() for parameter in grads), dtype, None]
 
-        hook = Buckets(self.process_group)
-        dist._register_comm_hook(reducer, None, hook)  # not through register_comm_hook: the user still may
-        self._mpinb_buckets = hook
+    before = ddp._pre_forward
 
-    @functools.wraps(register)
-    def register_comm_hook(self, state, hook):
-        buckets = getattr(self, "_mpinb_buckets", None)
-        if buckets is None:
-            return register(self, state, hook)
-        if buckets.hook is not None:
-            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once")
-        self._check_comm_hook(hook)
-        self.logger._set_comm_hook_name(hook.__qualname__)
-        self._comm_hooks.append((hook, state))
-        buckets.hook, buckets.state = hook, state
-        return None
+    @functools.wraps(before)
+    def _pre_forward(self, *inputs, **kwargs):
+        # after DDP's own forward-side collectives (join's notices, buffer broadcasts): where a joined rank's
+        # stand-in step comes too
+        done = before(self, *inputs, **kwargs)
+        _forward(self)
+        return done
 
-    @functools.wraps(builtin)
-    def _register_builtin_comm_hook(self, comm_hook_type):
-        buckets = getattr(self, "_mpinb_buckets", None)
-        if buckets is None:
-            return builtin(self, comm_hook_type)
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    match = ddp._match_all_reduce_for_bwd_pass
 
-        hooks = {"ALLREDUCE": default_hooks.allreduce_hook, "FP16_COMPRESS": default_hooks.fp16_compress_hook}
-        hook = hooks.get(getattr(comm_hook_type, "name", str(comm_hook_type)).rsplit(".", 1)[-1])
-        if hook is None:
-            raise ValueError(f"unknown built-in communication hook {comm_hook_type}")
-        if buckets.hook is not None:
-            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once")
-        self.logger._set_comm_hook_name(str(comm_hook_type))
-        buckets.hook, buckets.state = hook, self.process_group
-        return None
+    @functools.wraps(match)
+    def _match_all_reduce_for_bwd_pass(self):  # a joined rank's stand-in step under join(): counted as a step
+        step = _steps.get(self)
+        if step is not None:
+            import torch.distributed as dist
+
+            trace_torch.note(dist, self.process_group, OP, None, step[0], step[1])
+        return match(self)
 
     ddp.__init__ = __init__
-    ddp.register_comm_hook = register_comm_hook
-    ddp._register_builtin_comm_hook = _register_builtin_comm_hook
+    ddp._pre_forward = _pre_forward
+    ddp._match_all_reduce_for_bwd_pass = _match_all_reduce_for_bwd_pass
+    _original_match.append(match)
 
 
-class Buckets:
-    """The communication hook of a DDP model: each gradient bucket averaged by an asynchronous ``all_reduce``
-    noted in the ledger, or handed to the hook the user registered."""
+class Step:
+    """A DDP step's reduction as the ledger sees it: outstanding from the forward until it is ``done``."""
 
-    def __init__(self, group):
-        self.group = group
-        self.hook = self.state = None
+    __slots__ = ("done",)
 
-    def __call__(self, _, bucket):
-        if self.hook is not None:
-            return self.hook(self.state, bucket)
-        import torch.distributed as dist
+    def __init__(self):
+        self.done = False
 
-        group = self.group if self.group is not None else dist.group.WORLD
-        tensor = bucket.buffer()
-        tensor.div_(group.size())  # before the sum, as torch's allreduce_hook (no overflow in 16 bits)
-        info, seq, signature, start = trace_torch.note(dist, group, OP, None, tensor.numel(),
-                                                       str(tensor.dtype).replace("torch.", ""))
-        work = trace_torch.original["all_reduce"](tensor, group=group, async_op=True)
-        _state.launched(info, seq, signature, start, work)
-        future = work.get_future()
-        if _state.spans is not None:
-            future = future.then(functools.partial(_traced, info.name, tensor, start, seq))
-        return future.then(_first)
+    def is_completed(self):
+        return self.done
 
 
-def _first(future):
-    return future.value()[0]
+def _forward(model):
+    """A DDP model's forward set its Reducer up: the step it starts will reduce its gradients; note it."""
+    import torch
+
+    step = _steps.get(model)
+    if step is None:
+        return
+    if step[2] is not None:
+        step[2].done = True  # the previous step's backward is over: this forward comes after it
+        step[2] = None
+    if not (torch.is_grad_enabled() and model.require_backward_grad_sync):
+        return  # no reduction follows (no_sync(), torch.no_grad())
+    import torch.distributed as dist
+
+    info, seq, signature, start = trace_torch.note(dist, model.process_group, OP, None, step[0], step[1])
+    step[2] = Step()
+    _state.launched(info, seq, signature, start, step[2])
 
 
-def _traced(group, tensor, start, seq, future):
-    """Once a bucket's all_reduce completed, while traced: its span, from launch to completion."""
-    end = tracing.now_ns()
-    size = tensor.numel() * tensor.element_size()
-    if _state.spans is not None:
-        _state.spans.append((OP, group, None, size, 0, start, end, seq, "torch",
-                             f"{tensor.numel()} x {str(tensor.dtype).replace('torch.', '')}"))
-        _state.recorded += 1
-    return future.value()
+def shadow(name, signature):
+    """Stand in for the DDP step (*signature*, on the group of ledger *name*) that the other ranks wait in: count
+    it, then reduce zeros for each of its model's buckets, in order, as DDP's ``join()`` does for a rank that ran
+    out of inputs (on the roll-call thread: ``rank/settle.py``)."""
+    import torch.distributed as dist
+
+    count = signature[2]
+    candidates = [model for model, step in list(_steps.items()) if step[0] == count]
+    if not candidates:
+        raise LookupError(f"no DDP model with {count} gradient elements on this rank")
+    model = candidates[-1]
+    info, *_ = trace_torch.note(dist, model.process_group, OP, None, count, signature[3])
+    if info.name != name:
+        raise LookupError(f"the DDP model with {count} gradient elements reduces on {info.name}, not {name}")
+    _original_match[0](model)
+    if model.find_unused_parameters:
+        model._match_unused_params_allreduce()
 
 
 UNUSED = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")

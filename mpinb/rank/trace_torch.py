@@ -3,8 +3,8 @@ traced, as a span (kind ``"torch"``). The module's functions are wrapped in plac
 
 Calls with ``async_op=True`` are noted when launched and kept as outstanding until their work completes
 (``tracing.State.launched``): what a rank waits for then is the oldest one not complete, whichever thread
-waits. DistributedDataParallel's gradient buckets come here through its communication hook
-(``rank/trace_ddp.py``), its parameter and buffer broadcasts through ``_broadcast_coalesced``. Every group is
+waits. DistributedDataParallel's steps are noted from its forward (``rank/trace_ddp.py``), its parameter and
+buffer broadcasts through ``_broadcast_coalesced``. Every group is
 one ledger, whichever way it is named (``None``, ``dist.group.WORLD``, the group object).
 """
 
@@ -202,7 +202,6 @@ def stand_in(name, signature):
 
     calls = {
         "all_reduce": lambda: original["all_reduce"](zeros(count), group=group),
-        "DDP all_reduce": lambda: original["all_reduce"](zeros(count), group=group),
         "broadcast": lambda: original["broadcast"](zeros(count), src=root, group=group),
         "reduce": lambda: original["reduce"](zeros(count), dst=root, group=group),
         "barrier": lambda: original["barrier"](group=group),
