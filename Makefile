@@ -98,6 +98,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/slurm_start.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/healthy.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/ddp_step.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/mpis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/trace.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/static.py --markdown benchmarks/RESULTS.md
