@@ -62,6 +62,14 @@ def install(module):
         _forward(self)
         return done
 
+    after = ddp._post_forward
+
+    @functools.wraps(after)
+    def _post_forward(self, output):
+        output = after(self, output)
+        _until_backward_ends(self, output)
+        return output
+
     match = ddp._match_all_reduce_for_bwd_pass
 
     @functools.wraps(match)
@@ -75,6 +83,7 @@ def install(module):
 
     ddp.__init__ = __init__
     ddp._pre_forward = _pre_forward
+    ddp._post_forward = _post_forward
     ddp._match_all_reduce_for_bwd_pass = _match_all_reduce_for_bwd_pass
     _original_match.append(match)
 
@@ -108,6 +117,32 @@ def _forward(model):
     info, seq, signature, start = trace_torch.note(dist, model.process_group, OP, None, step[0], step[1])
     step[2] = Step()
     _state.launched(info, seq, signature, start, step[2])
+
+
+def _until_backward_ends(model, output):
+    """The step stays outstanding until the backward of *output* ends (not until the next forward: a rank tearing
+    its group down after the last step waits in nothing)."""
+    import torch
+
+    step = _steps.get(model)
+    pending = step[2] if step is not None else None
+    if pending is None:
+        return
+    tensors = [output] if isinstance(output, torch.Tensor) else \
+        [item for item in (output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple))
+                            else ()) if isinstance(item, torch.Tensor)]
+    tensor = next((item for item in tensors if item.requires_grad), None)
+    if tensor is None:
+        return
+
+    queue = torch.autograd.Variable._execution_engine.queue_callback
+
+    def started(grad):  # the backward reached the model's output: mark the step done once that backward ends,
+        # after DDP's own final callback (queued later than this hook runs), which waits for the buckets
+        queue(lambda: queue(functools.partial(setattr, pending, "done", True)))
+        return grad
+
+    tensor.register_hook(started)
 
 
 def shadow(name, signature):

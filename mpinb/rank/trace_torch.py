@@ -70,6 +70,7 @@ def _keeping_group_names(destroy):
         try:
             return destroy(*args, **kwargs)
         finally:
+            _groups.clear()  # the groups are gone: nothing to stand in for
             if count and getattr(world, "group_count", None) == 0:
                 world.group_count = count
 
@@ -169,7 +170,9 @@ def _ledger(dist, group):
         except Exception:  # noqa: BLE001 - a group torch cannot describe: compare it by name only
             members = ()
         ledger = _state.ledger(name, members)
-        _groups[name] = group
+        # the default group by None (the one current when a stand-in runs): holding the object would keep a
+        # destroyed group's gloo pairs and store alive into the next init_process_group
+        _groups[name] = None if name == "torch:default" else group
     return ledger
 
 

@@ -123,10 +123,20 @@ class State:
         current = self.current
         if current is not None:
             return current
-        for entry, work in list(self.outstanding):
+        for entry, work in self.launched_now():
             if not work.is_completed():
                 return entry
         return None
+
+    def launched_now(self):
+        """A copy of :attr:`outstanding`, taken while other threads launch (a deque copied as it changes raises,
+        which killed the roll-call thread that asked)."""
+        for _ in range(100):
+            try:
+                return list(self.outstanding)
+            except RuntimeError:  # changed meanwhile: copy again
+                continue
+        return []
 
     def leave(self, done=True):
         """The wait is over: the collective completed (*done*), or raised (then the mirror keeps it, marked)."""
@@ -189,7 +199,7 @@ class State:
             waiting = {"comm": ledger.name, "members": ledger.members, "seq": seq, "signature": signature,
                        "waited": (now_ns() - start) / 1e9}
             if current is not self.current:  # the later asynchronous ones it waits for too (DDP's next buckets)
-                waiting["then"] = [(entry[1], entry[2]) for entry, work in list(self.outstanding)
+                waiting["then"] = [(entry[1], entry[2]) for entry, work in self.launched_now()
                                    if entry[0] is ledger and entry[1] > seq and not work.is_completed()]
         ledgers = {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
                    for name, ledger in list(self.ledgers.items())}
