@@ -15,7 +15,7 @@ import zmq
 
 from ..wire import messages, shm
 from ..wire.kinds import Cell, Hello, Reply
-from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, tracing
+from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, trace_torch, tracing
 from .abort_watch import AbortWatch
 from .outbox import Ask, BetweenCells, ChannelStream, Outbox, TraceEnd, TraceStart
 
@@ -126,6 +126,7 @@ class Agent:
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
+            trace_torch.release_retired()
         self.rollcall.cell = None
         self.abort_watch.end_if_aborted(written)  # a cell that called MPI_Abort never replies
         if tracing.state.spans is not None:

@@ -10,6 +10,7 @@ one ledger, whichever way it is named (``None``, ``dist.group.WORLD``, the group
 
 import functools
 import os
+import threading
 
 from . import tracing
 
@@ -67,6 +68,7 @@ def _keeping_group_names(destroy):
     def destroy_process_group(*args, **kwargs):
         world = getattr(distributed_c10d, "_world", None)
         count = getattr(world, "group_count", None)
+        _retire(world, args[0] if args else kwargs.get("group"))
         try:
             return destroy(*args, **kwargs)
         finally:
@@ -75,6 +77,34 @@ def _keeping_group_names(destroy):
                 world.group_count = count
 
     return destroy_process_group
+
+
+_retired = []  # groups destroyed in this cell, held until it ends (release_retired)
+
+
+def _retire(world, group):
+    """Hold the groups *group* destroys (``None``: all of them) until the cell ends.
+
+    A DDP model's Reducer keeps its group alive after ``destroy_process_group``; when the model is freed, the
+    Reducer's destructor ends the group's gloo worker threads and waits for them while it holds the GIL. A worker
+    still letting go of the last gradient allreduce needs the GIL for it (the work keeps the backward pass's
+    Python context), so the rank hangs where the model is freed, deaf to Stop: the PyTorch DDP tutorial's
+    ``demo_checkpoint`` returning. Holding the group here makes the Reducer's release not the last one; the
+    group is then ended from Python at the end of the cell, where torch lets the GIL go while it waits.
+    """
+    pg_map = getattr(world, "pg_map", None) or {}
+    groups = list(pg_map) if group is None else [group]
+    _retired.extend(g for g in groups if g is not None)
+
+
+def release_retired():
+    """End the groups destroyed in the cell that just ended (their last holder is this list, unless the user's
+    variables still hold a model of theirs), on a thread of their own: a group whose collective never ended waits
+    for it as it ends, and the rank must answer the next cell meanwhile."""
+    if _retired:
+        groups = list(_retired)
+        _retired.clear()
+        threading.Thread(target=groups.clear, name="mpinb-end-groups", daemon=True).start()
 
 
 def _wrap(dist, function, name, spec):
