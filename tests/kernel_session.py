@@ -43,12 +43,20 @@ class Session:
     def stop_button(self):
         self.manager.interrupt_kernel()
 
-    def run(self, code, *, stops=(), allow_stdin=True, answers=(), timeout=180):
-        """Execute *code*, pressing Stop *stops* seconds (each from the start) after sending it; answer each
-        prompt from *answers* (``c`` once they run out; or a function of the prompt). Returns :class:`Shown`; a
-        reply that does not come within *timeout* seconds raises ``TimeoutError`` (a hang)."""
+    def run(self, code, *, stops=(), after=None, allow_stdin=True, answers=(), timeout=180):
+        """Execute *code*, pressing Stop *stops* seconds (each from the start) after sending it, or after the text
+        *after* first shows in its output (so that a busy machine's slow start moves the Stops with it); answer
+        each prompt from *answers* (``c`` once they run out; or a function of the prompt). Returns
+        :class:`Shown`; a reply that does not come within *timeout* seconds raises ``TimeoutError`` (a hang)."""
         answers, prompts, out = answers if callable(answers) else list(answers), [], []
         timers = [threading.Timer(delay, self.stop_button) for delay in stops]
+
+        def shown(message):
+            started = after is not None and after in _text(out)
+            out.append(message)
+            if after is not None and not started and after in _text(out):
+                for timer in timers:
+                    timer.start()
 
         def typed(message):
             prompt = message["content"]["prompt"]
@@ -59,10 +67,10 @@ class Session:
                 self.client.input(answers.pop(0) if answers else "c")
 
         tic = time.monotonic()
-        for timer in timers:
+        for timer in timers if after is None else ():
             timer.start()
         try:
-            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=out.append,
+            reply = self.client.execute_interactive(code, timeout=timeout, output_hook=shown,
                                                     allow_stdin=allow_stdin, stdin_hook=typed, stop_on_error=False)
         finally:
             for timer in timers:

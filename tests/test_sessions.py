@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 
 # rank 1 cannot answer an interrupt (SIGINT blocked, as in a C library that masks it) for as long as the test needs
 DEAF = ("import signal, time\nif rank == 1:\n    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
-        "    time.sleep(30)\n    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])\ncomm.Barrier()")
+        "    print('deaf now', flush=True)\n    time.sleep(30)\n    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])\ncomm.Barrier()")
+DEAF_NOW = "[rank 1] deaf now"  # the Stops are pressed from when this shows, however slow the cell is to start
 
 
 def clean(shown):
@@ -26,7 +27,7 @@ def test_three_quick_stops_end_the_world_in_one_line_and_the_next_cell_has_as_ma
     with kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 3").status == "ok"
         assert k.run("%%mpi\nkept = rank").status == "ok"
-        shown = clean(k.run("%%mpi\n" + DEAF, stops=(1.5, 1.8, 2.1)))
+        shown = clean(k.run("%%mpi\n" + DEAF, stops=(0.3, 0.6, 0.9), after=DEAF_NOW))
         assert shown.status == "error" and "Stop pressed 3 times: the world of 3 ranks was ended" in shown.text
         assert "Traceback" not in shown.text
         status = clean(k.run("%mpi status"))
@@ -43,7 +44,7 @@ def test_a_second_stop_says_what_is_awaited_and_how_long_and_keeps_the_world():
     with kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 3").status == "ok"
         assert k.run("%%mpi\nkept = rank * 10").status == "ok"
-        shown = clean(k.run("%%mpi\n" + DEAF, stops=(1.5, 1.8)))
+        shown = clean(k.run("%%mpi\n" + DEAF, stops=(0.3, 0.6), after=DEAF_NOW))
         assert shown.status == "error" and "[mpinb] still waiting for rank" in shown.text, shown.text
         assert "press Stop (Ctrl-C) again to end the world now" in shown.text
         # rank 1 stayed deaf past the grace: the world was restarted, of the same size, and said so
