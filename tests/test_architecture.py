@@ -12,11 +12,11 @@ PAGE = (ROOT / "docs" / "architecture.md").read_text()
 def named_modules():
     """``mpinb.folder.module`` for each `file.py` the page names in a folder's row or after `folder/`."""
     names = set()
-    for row in re.findall(r"^\| `mpinb/(\w+)/` \|.*$", PAGE, re.M):
+    for row in re.findall(r"^\| `mpinb/([\w/]+)/` \|.*$", PAGE, re.M):
         line = next(line for line in PAGE.splitlines() if line.startswith(f"| `mpinb/{row}/`"))
-        names |= {f"mpinb.{row}.{stem}" for stem in re.findall(r"`(\w+)\.py`", line)}
-    for folder, stem in re.findall(r"\b(notebook|rank|wire|widgets)/(\w+)\.py\b", PAGE):
-        names.add(f"mpinb.{folder}.{stem}")
+        names |= {f"mpinb.{row.replace('/', '.')}.{stem}" for stem in re.findall(r"`(\w+)\.py`", line)}
+    for path in re.findall(r"\b((?:notebook|rank|wire|widgets)/(?:\w+/)*\w+)\.py\b", PAGE):
+        names.add("mpinb." + path.replace("/", "."))
     for stem in re.findall(r"`mpinb/(\w+)\.py`", PAGE):
         names.add(f"mpinb.{stem}" if stem != "__init__" else "mpinb")
     return names
@@ -33,6 +33,6 @@ def test_every_module_of_the_package_is_on_the_architecture_page():
     names = named_modules() | {"mpinb"}
     files = {".".join(path.relative_to(ROOT).with_suffix("").parts) for path in (ROOT / "mpinb").rglob("*.py")}
     files = {name.removesuffix(".__init__") for name in files}
-    folders = {f"mpinb.{folder}" for folder in ("notebook", "rank", "wire", "widgets")}
+    folders = {".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "mpinb").rglob("__init__.py")}
     missing = sorted(files - names - folders)
     assert not missing, f"docs/architecture.md does not say where these live: {missing}"
