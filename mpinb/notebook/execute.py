@@ -1,8 +1,10 @@
 """Run a cell on the ranks: stream their output by rank, wait, and turn replies into values or one error."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import GatherError, MPIError, RankError
+from ..wire.kinds import CellOptions
 from ..wire.ranks import label_ranks
 from .cellrun import CellRun
 from .lifecycle import State
@@ -86,7 +88,7 @@ def run_cell(world, code, *, ranks=None, options=None, **settings):
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
     from ``mpinb.report()`` go to *metrics* (a :class:`~mpinb.notebook.live.LiveMetrics`), which is ticked between
-    messages. *options* travel with the cell to the ranks' agents.
+    messages. *options* (:class:`~mpinb.wire.kinds.CellOptions`) travel with the cell to the ranks' agents.
 
     The cell is stopped — each running rank's stack captured first, then SIGINT — when *timeout* seconds pass,
     when a rank has failed and the others have not finished *abort_grace* seconds later (they are most likely
@@ -114,6 +116,6 @@ def run_cell(world, code, *, ranks=None, options=None, **settings):
         raise MPIError(died_earlier(world, dead))
     released = world.receiver.take_released() if world.receiver is not None else {}
     if released:  # the segments whose gathered values were all dropped: the ranks may write there again
-        options = dict(options or {}, released=released)
+        options = dataclasses.replace(options or CellOptions(), released=released)
     return CellRun(world, code, result, settings).run(options)
 

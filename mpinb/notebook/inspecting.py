@@ -8,7 +8,7 @@ from IPython.display import display
 
 from ..widgets import views
 from ..widgets.status import status_html, status_text
-from ..wire.messages import Call
+from ..wire.kinds import Call, CellOptions
 from . import execute
 from .frontend import colored, in_notebook
 from .live import LiveMetrics, show_trace
@@ -112,7 +112,7 @@ class Inspecting:
         cell whose value is what it returns: no code is sent, only the function's name; no mismatch roll call."""
         return execute.run_cell(self.world, "", ranks=ranks, printer=RankPrinter(color=colored(self.shell)),
                                 interrupt_grace=self.interrupt_grace, collective_wait=None,
-                                options={"call": Call.of(function, *args)})
+                                options=CellOptions(call=Call.of(function, *args)))
 
     def show_who(self):
         """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""

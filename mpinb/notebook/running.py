@@ -7,6 +7,7 @@ import sys
 
 from ..errors import Interrupted, MPIError, StartInterrupted
 from ..widgets import views
+from ..wire.kinds import AgentSettings, CellOptions, GatherRequest
 from . import execute
 from .frontend import colored, in_notebook
 from .live import CellStatus, LiveMetrics, LiveTrace
@@ -31,15 +32,12 @@ class Running:
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
         number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
         self.history.begin_cell()
-        options = {"report_interval": self.report_interval, "collective_wait": self.collective_wait or None}
         # IPython's syntax turned into Python once here, not by every rank
-        options["source"] = _transformed(self.shell, cell)
-        tracer = None
-        if trace:
-            options.update(trace=True, trace_buffer=self.trace_buffer)
-            tracer = LiveTrace(view=view)
-        if gather:
-            options.update(gather=list(gather), stats=inspect, transport=self._transport(ranks), root=self._root())
+        options = CellOptions(
+            settings=AgentSettings(self.report_interval, self.collective_wait or None),
+            source=_transformed(self.shell, cell), trace=bool(trace), trace_buffer=self.trace_buffer if trace else None,
+            gather=GatherRequest(tuple(gather), self._transport(ranks), self._root(), bool(inspect)) if gather else None)
+        tracer = LiveTrace(view=view) if trace else None
         try:
             self.last = result = execute.run_cell(
                 self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,

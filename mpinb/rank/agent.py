@@ -93,13 +93,14 @@ class Agent:
         if not isinstance(message, Cell):
             return
         cell_id, code, number, options = message
-        if self.segments is not None and self.rank in options.get("released", {}):
-            self.segments.release(options["released"][self.rank])
-        self.outbox.report_interval = options.get("report_interval", self.outbox.report_interval)
-        self.rollcall.after = options.get("collective_wait", self.rollcall.after)
+        if self.segments is not None and self.rank in options.released:
+            self.segments.release(options.released[self.rank])
+        if options.settings is not None:  # else a call of mpinb's own: the user's settings stay
+            self.outbox.report_interval = options.settings.report_interval
+            self.rollcall.after = options.settings.collective_wait
         self.rollcall.cell = self.cell_id = cell_id
-        if options.get("trace"):
-            tracing.state.start(options.get("trace_buffer", tracing.BUFFER))
+        if options.trace:
+            tracing.state.start(options.trace_buffer or tracing.BUFFER)
             self.outbox.put(TraceStart(cell_id))
         streams = sys.stdout, sys.stderr
         sys.stdout = ChannelStream(self.outbox, cell_id, "stdout", streams[0])
@@ -110,17 +111,17 @@ class Agent:
         written = stacks.native_stderr_size()
         counts = tracing.state.counts()
         try:
-            if "call" in options:
-                reply = runner.call(options["call"])
+            if options.call is not None:
+                reply = runner.call(options.call)
             else:
-                reply = runner.run_cell(code, number=number, source=options.get("source"))
+                reply = runner.run_cell(code, number=number, source=options.source)
             tracing.state.outstanding.clear()  # the cell is over: this rank waits for nothing it launched
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply["collectives"] = (tracing.state.counts(), tracing.state.changed(counts))
             if replicas.watched and "error" not in reply:  # models meant to be the same on every rank
                 reply["replicas"] = replicas.fingerprints(runner.user_namespace())
-            if options.get("gather"):
-                reply["gathered"], buffers = self._gather(options["gather"], options)
+            if options.gather is not None:
+                reply["gathered"], buffers = self._gather(options.gather)
         except BaseException as exc:  # noqa: BLE001 - a cell always gets its reply, or the notebook waits forever
             reply, buffers = {"error": runner.describe_error(exc)}, []
         finally:
@@ -135,13 +136,14 @@ class Agent:
             self.outbox.put(TraceEnd(cell_id, spans, dropped))
         self.outbox.reply(self._pack_reply(cell_id, reply, buffers))
 
-    def _gather(self, names, options):
-        """Pack *names* for the notebook: into a shared-memory segment when asked, else as raw frames."""
-        items, buffers = gather.collect(names, runner.user_namespace(), stats=options.get("stats", True))
-        if options.get("transport") == "mpi":
-            return self._gather_over_mpi(items, buffers, options.get("root", 0))
+    def _gather(self, request):
+        """Pack the names of *request* (a ``GatherRequest``) for the notebook: into a shared-memory segment when
+        asked, else as raw frames."""
+        items, buffers = gather.collect(list(request.names), runner.user_namespace(), stats=request.stats)
+        if request.transport == "mpi":
+            return self._gather_over_mpi(items, buffers, request.root)
         dropped = self.segments.take_dropped() if self.segments is not None else []
-        if options.get("transport") == "shm" and buffers:
+        if request.transport == "shm" and buffers:
             try:
                 if self.segments is None:
                     self.segments = shm.Pool()

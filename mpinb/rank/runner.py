@@ -59,7 +59,7 @@ def run_cell(code, *, number=0, namespace=None, source=None):
 
 
 def call(request):
-    """Like :func:`run_cell`, for a :class:`~mpinb.wire.messages.Call` of mpinb's own rank-side code: its value,
+    """Like :func:`run_cell`, for a :class:`~mpinb.wire.kinds.Call` of mpinb's own rank-side code: its value,
     or its error described."""
     if not request.module.startswith("mpinb.rank."):
         return {"error": describe_error(ValueError(f"{request.module} is not rank-side code of mpinb"))}

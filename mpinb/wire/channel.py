@@ -16,7 +16,7 @@ import zmq
 
 from ..errors import MPIError
 from . import messages
-from .kinds import AskStack, Cell, Hello, Reply, RollCall, Settle, Stack, Stdin
+from .kinds import AskStack, Cell, CellOptions, Hello, Reply, RollCall, Settle, Stack, Stdin
 
 
 class Channel:
@@ -74,11 +74,11 @@ class Channel:
     def send_cell(self, ranks, code, number, options=None):
         """Send *code* to *ranks*; return the id that its output and replies carry.
 
-        *options* (a dict) set how the ranks' agents behave from this cell on, e.g. ``report_interval``.
+        *options* (:class:`~mpinb.wire.kinds.CellOptions`) travel with it.
         """
         self._next_cell += 1
         cell_id = self._next_cell
-        frames = self.signer.pack(Cell(cell_id, code, number, options or {}))
+        frames = self.signer.pack(Cell(cell_id, code, number, options or CellOptions()))
         for rank in ranks:
             try:
                 self.cells.send_multipart([str(rank).encode(), *frames])

@@ -8,16 +8,71 @@ Rank → notebook (the events socket): :class:`Hello`, :class:`Out`, :class:`Met
 :class:`Stack`, :class:`Settled` from the roll-call thread.
 """
 
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
+@dataclass(frozen=True)
+class Call:
+    """A call of one of mpinb's own rank-side functions, sent in a cell's options in place of code: the rank
+    imports *module* (only under ``mpinb.rank``) and returns ``name(*args)`` as the cell's value."""
+
+    module: str
+    name: str
+    args: tuple = ()
+
+    @classmethod
+    def of(cls, function, *args):
+        if not function.__module__.startswith("mpinb.rank."):
+            raise ValueError(f"{function.__module__}.{function.__name__} is not rank-side code of mpinb")
+        return cls(function.__module__, function.__name__, args)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How a rank's agent behaves from the cell that carries them on: metric batches every *report_interval*
+    seconds; the roll call after *collective_wait* seconds in one collective (``None``: never)."""
+
+    report_interval: float
+    collective_wait: float | None
+
+
+@dataclass(frozen=True)
+class GatherRequest:
+    """Send back the values of *names* when the cell ends: by *transport* (``frames`` on the channel, ``shm``
+    through a shared-memory segment, ``mpi`` by one MPI gather to rank *root*), with statistics when *stats*."""
+
+    names: tuple
+    transport: str = "frames"
+    root: int = 0
+    stats: bool = True
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """What travels with a cell besides its code.
+
+    *settings*: the agent's (``None`` keeps those of the cell before: a call of mpinb's own); *source*: the cell
+    as Python (IPython's syntax turned into Python once, in the notebook); *trace*: note spans with a buffer of
+    *trace_buffer* spans per rank (``None``: the rank's default); *gather*: values to send back; *call*: run this
+    in place of the code; *released*: per rank, the shared-memory leases whose values the notebook dropped."""
+
+    settings: AgentSettings | None = None
+    source: str | None = None
+    trace: bool = False
+    trace_buffer: int | None = None
+    gather: GatherRequest | None = None
+    call: Call | None = None
+    released: dict = field(default_factory=dict)
+
+
 class Cell(NamedTuple):
-    """Run *code* (cell *number* in tracebacks); *options* set how the agent behaves from this cell on."""
+    """Run *code* (cell *number* in tracebacks) with *options* (:class:`CellOptions`)."""
 
     cell_id: int
     code: str
     number: int
-    options: dict
+    options: CellOptions
 
 
 class RollCall(NamedTuple):

@@ -16,29 +16,12 @@ import hmac
 import itertools
 import pickle
 from collections import Counter
-from dataclasses import dataclass
 
 import zmq
 from zmq.utils import z85
 
 SIGNATURE = 32  # bytes of HMAC-SHA256
-PROTOCOL = 3  # raise it when a message's layout or meaning changes: notebook and ranks must agree
-
-
-@dataclass(frozen=True)
-class Call:
-    """A call of one of mpinb's own rank-side functions, sent in a cell's options in place of code: the rank
-    imports *module* (only under ``mpinb.rank``) and returns ``name(*args)`` as the cell's value."""
-
-    module: str
-    name: str
-    args: tuple = ()
-
-    @classmethod
-    def of(cls, function, *args):
-        if not function.__module__.startswith("mpinb.rank."):
-            raise ValueError(f"{function.__module__}.{function.__name__} is not rank-side code of mpinb")
-        return cls(function.__module__, function.__name__, args)
+PROTOCOL = 4  # raise it when a message's layout or meaning changes: notebook and ranks must agree
 
 
 class ProtocolMismatch(RuntimeError):
