@@ -188,7 +188,7 @@ WITHOUT_FRAMEWORKS = """
 import pickle, sys
 sys.modules["jax"] = sys.modules["tensorflow"] = None  # a notebook where neither can be imported
 item, buffers = pickle.load(open(sys.argv[1], "rb"))
-value = pickle.loads(item["pickle"], buffers=buffers)
+value = pickle.loads(item.pickle, buffers=buffers)
 for key, array in value.items():
     print(key, type(array).__name__, array.dtype, array.shape, array.tolist())
 """

@@ -305,8 +305,8 @@ class CellRun:
 
 def _unpack_gathered(world, result, rank, reply):
     gathered, buffers = reply.pop("gathered"), reply.pop("buffers", [])
-    if "note" in gathered:
-        result.gather_notes.append(f"rank {rank}: {gathered['note']}")
+    if getattr(gathered, "note", None):
+        result.gather_notes.append(f"rank {rank}: {gathered.note}")
     for owner, values in world.receiver.unpack(rank, gathered, buffers).items():
         for name, (kind, value, stats) in values.items():
             if kind == "error":

@@ -2,6 +2,7 @@
 
 import pickle
 
+from ..wire.gathered import AllRanks, InFrames, InSegment, Packed, Unsent, ViaRoot
 from ..wire.ranks import format_ranks, label_ranks
 from ..wire.shm import Segments
 
@@ -14,26 +15,26 @@ class Receiver:
         self.segments = Segments()
 
     def unpack(self, rank, gathered, buffers):
-        """``{rank: {name: ("value", value, stats) | ("error", message, None)}}`` from one rank's reply: its
-        own values, those of every rank when it gathered them over MPI, none when another rank did."""
-        if gathered["transport"] == "via":
+        """``{rank: {name: ("value", value, stats) | ("error", message, None)}}`` from one rank's reply (one of
+        ``wire/gathered.py``'s payloads): its own values, those of every rank when it gathered them over MPI, none
+        when another rank did."""
+        if isinstance(gathered, ViaRoot):
             return {}
-        if "by_rank" in gathered:
+        if isinstance(gathered, AllRanks):
             out, position = {}, 0
-            for owner, items in gathered["by_rank"].items():
-                count = sum(len(item["sizes"]) for item in items.values() if "pickle" in item)
-                out[owner] = self._unpack_items(owner, {"items": items, "transport": "frames"},
-                                                buffers[position:position + count])
+            for owner, items in gathered.by_rank.items():
+                count = sum(len(item.sizes) for item in items.values() if isinstance(item, Packed))
+                out[owner] = self._unpack_items(owner, InFrames(items), buffers[position:position + count])
                 position += count
             return out
         return {rank: self._unpack_items(rank, gathered, buffers)}
 
     def _unpack_items(self, rank, gathered, buffers):
-        items = gathered["items"]
-        sizes = [size for item in items.values() if "pickle" in item for size in item["sizes"]]
-        self.segments.forget(rank, gathered.get("dropped", ()))
-        if gathered["transport"] == "shm":
-            buffers = self.segments.views(rank, gathered["path"], gathered["lease"], gathered["offsets"], sizes)
+        items = gathered.items
+        sizes = [size for item in items.values() if isinstance(item, Packed) for size in item.sizes]
+        self.segments.forget(rank, gathered.dropped)
+        if isinstance(gathered, InSegment):
+            buffers = self.segments.views(rank, gathered.path, gathered.lease, gathered.offsets, sizes)
         elif buffers:
             # the frames are zmq's memory: copy into numpy arrays the values can own
             import numpy as np
@@ -41,13 +42,13 @@ class Receiver:
             buffers = [np.frombuffer(buffer, dtype=np.uint8).copy() for buffer in buffers]
         out, position = {}, 0
         for name, item in items.items():
-            if "error" in item:
-                out[name] = ("error", item["error"], None)
+            if isinstance(item, Unsent):
+                out[name] = ("error", item.error, None)
                 continue
-            own = buffers[position:position + len(item["sizes"])]
-            position += len(item["sizes"])
+            own = buffers[position:position + len(item.sizes)]
+            position += len(item.sizes)
             try:
-                out[name] = ("value", pickle.loads(item["pickle"], buffers=own), item["stats"])
+                out[name] = ("value", pickle.loads(item.pickle, buffers=own), item.stats)
             except Exception as exc:  # noqa: BLE001 - e.g. a module the rank has and the notebook lacks
                 out[name] = ("error", f"{name}: arrived but cannot be rebuilt in the notebook "
                                       f"({type(exc).__name__}: {exc})", None)

@@ -14,6 +14,7 @@ import numpy as np
 import zmq
 
 from ..wire import messages, shm
+from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
 from ..wire.kinds import Cell, Hello, Reply
 from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, trace_torch, tracing
 from .abort_watch import AbortWatch
@@ -142,19 +143,18 @@ class Agent:
         items, buffers = gather.collect(list(request.names), runner.user_namespace(), stats=request.stats)
         if request.transport == "mpi":
             return self._gather_over_mpi(items, buffers, request.root)
-        dropped = self.segments.take_dropped() if self.segments is not None else []
+        dropped = tuple(self.segments.take_dropped()) if self.segments is not None else ()
         if request.transport == "shm" and buffers:
             try:
                 if self.segments is None:
                     self.segments = shm.Pool()
                 lease, path, offsets = self.segments.write(buffers)
-                return {"items": items, "transport": "shm", "path": path, "lease": lease, "offsets": offsets,
-                        "dropped": dropped + self.segments.take_dropped()}, []
+                return InSegment(items, path, lease, tuple(offsets),
+                                 dropped + tuple(self.segments.take_dropped())), []
             except OSError as exc:  # no shared memory, or not enough: the channel always works
-                dropped += self.segments.take_dropped()
-                return {"items": items, "transport": "frames", "note": f"shared memory failed ({exc})",
-                        "dropped": dropped}, buffers
-        return {"items": items, "transport": "frames", "dropped": dropped}, buffers
+                dropped += tuple(self.segments.take_dropped())
+                return InFrames(items, dropped, f"shared memory failed ({exc})"), buffers
+        return InFrames(items, dropped), buffers
 
     def _gather_over_mpi(self, items, buffers, root):
         """Every rank's packed values to *root* by one MPI gather (pickle 5, buffers out of band); *root* sends
@@ -165,12 +165,12 @@ class Agent:
         arrays = [np.frombuffer(buffer, dtype=np.uint8) for buffer in buffers]
         everyone = pkl5.Intracomm(MPI.COMM_WORLD).gather((self.rank, items, arrays), root=root)
         if everyone is None:
-            return {"transport": "via", "root": root}, []
+            return ViaRoot(root), []
         by_rank, frames = {}, []
         for rank, rank_items, rank_arrays in everyone:
             by_rank[rank] = rank_items
             frames.extend(memoryview(array) for array in rank_arrays)
-        return {"transport": "frames", "by_rank": by_rank}, frames
+        return AllRanks(by_rank), frames
 
     def _pack_reply(self, cell_id, reply, buffers=()):
         """Pickle the reply once, here on the main thread (the next cell cannot change the value meanwhile)."""

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from ..errors import GatherError
-from ..wire.gathered import scannable
+from ..wire.gathered import Packed, Unsent, scannable
 
 HISTOGRAM_BINS = 30
 HISTOGRAM_SAMPLE = 1 << 16  # values a histogram is drawn from at most (an evenly strided sample)
@@ -87,14 +87,14 @@ def _rebuild_array(array, dtype, framework):
 def collect(names, namespace, *, stats=True):
     """Pack ``namespace[name]`` for each of *names*.
 
-    Returns ``(items, buffers)``: *items* maps each name to ``{"pickle": bytes, "sizes": [...], "stats": {...}}``
-    or ``{"error": "..."}``; *buffers* are the out-of-band buffers of every packed name, in order (``sizes``
-    says how many bytes each of a name's buffers holds).
+    Returns ``(items, buffers)``: *items* maps each name to a :class:`~mpinb.wire.gathered.Packed` or an
+    :class:`~mpinb.wire.gathered.Unsent`; *buffers* are the out-of-band buffers of every packed name, in order
+    (``Packed.sizes`` says how many bytes each of a name's buffers holds).
     """
     items, buffers = {}, []
     for name in names:
         if name not in namespace:
-            items[name] = {"error": f"NameError: name {name!r} is not defined on this rank"}
+            items[name] = Unsent(f"NameError: name {name!r} is not defined on this rank")
             continue
         try:
             leaves = {}
@@ -102,14 +102,14 @@ def collect(names, namespace, *, stats=True):
             own = []
             data = pickle.dumps(prepared, protocol=5, buffer_callback=own.append)
         except GatherError as exc:
-            items[name] = {"error": f"{name}: {exc}"}
+            items[name] = Unsent(f"{name}: {exc}")
             continue
         except Exception as exc:  # noqa: BLE001 - whatever pickling raises means "cannot transfer"
-            items[name] = {"error": f"{name}: cannot transfer {type(exc).__name__}: {exc}"}
+            items[name] = Unsent(f"{name}: cannot transfer {type(exc).__name__}: {exc}")
             continue
         views = [buffer.raw() for buffer in own]  # bytes of C- and Fortran-ordered, empty and 0-d arrays alike
-        items[name] = {"pickle": data, "sizes": [view.nbytes for view in views],
-                       "stats": {path: _leaf_stats(*leaf) for path, leaf in leaves.items()} if stats else None}
+        items[name] = Packed(data, tuple(view.nbytes for view in views),
+                             {path: _leaf_stats(*leaf) for path, leaf in leaves.items()} if stats else None)
         buffers.extend(views)
     return items, buffers
 
