@@ -11,7 +11,7 @@ from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
 from . import stops
 from .lifecycle import State
-from ..wire.kinds import Input, Metrics, Out, Reply, Settled, TraceSpans, Waiting, Where
+from ..wire.kinds import CellReply, Input, Metrics, Out, Reply, Settled, TraceSpans, Waiting, Where
 from .diagnose import capture_stacks
 from .mismatch import MismatchWatch, after_cell, at_death
 from .perrank import PerRank
@@ -129,9 +129,9 @@ class CellRun:
 
     def reply(self, rank, reply):
         self.replies[rank] = reply
-        if "gathered" in reply:  # copy out now, while other ranks are still sending
+        if reply.gathered is not None:  # copy out now, while other ranks are still sending
             _unpack_gathered(self.world, self.result, rank, reply)
-        if "error" in reply and self.first_failure is None and self.result.trouble is None:
+        if reply.error is not None and self.first_failure is None and self.result.trouble is None:
             self.first_failure = (rank, time.monotonic())
             pending = self.pending
             early = capture_stacks(self.world, pending) if pending and self.settings.abort_grace is not None else {}
@@ -220,8 +220,8 @@ class CellRun:
             self.death_seen = self.death_seen or now
             if now - self.death_seen > 2 * self.settings.liveness_every:
                 for rank in self.ranks:
-                    self.replies.setdefault(rank, {"error": lost(
-                        f"still running when rank {result.first_death} died; the world cannot be used any more")})
+                    self.replies.setdefault(rank, CellReply(error=lost(
+                        f"still running when rank {result.first_death} died; the world cannot be used any more")))
 
     def stop(self, reason, stacks=None):
         """Say at once who failed and where every running rank is, then interrupt those ranks. Ranks waiting in
@@ -277,13 +277,13 @@ class CellRun:
             if reply is None:
                 result.stuck.append(rank)
                 result.errors[rank] = stopped(result, rank, self.code, timeout, result.grace, answered=False)
-            elif "error" in reply:
-                error = reply["error"]
+            elif reply.error is not None:
+                error = reply.error
                 if rank in result.stacks and error["ename"] == "KeyboardInterrupt":
                     error = stopped(result, rank, self.code, timeout, result.grace, answered=True)
                 result.errors[rank] = error
-            elif reply["value"] is not None:
-                result.values[rank] = reply["value"]
+            elif reply.value is not None:
+                result.values[rank] = reply.value
 
     def _mismatch_verdicts(self):
         result = self.result
@@ -304,7 +304,8 @@ class CellRun:
 
 
 def _unpack_gathered(world, result, rank, reply):
-    gathered, buffers = reply.pop("gathered"), reply.pop("buffers", [])
+    gathered, buffers = reply.gathered, reply.buffers
+    reply.gathered, reply.buffers = None, []  # the values are the result's now: the reply holds no second copy
     if getattr(gathered, "note", None):
         result.gather_notes.append(f"rank {rank}: {gathered.note}")
     for owner, values in world.receiver.unpack(rank, gathered, buffers).items():

@@ -69,8 +69,8 @@ class MismatchWatch:
             return None
         self.asked_at = None
         self._from_mirrors([rank for rank in self.ranks if self.states.get(rank, {}).get("asked") != self.calls])
-        finished = {rank for rank, reply in replies.items() if "error" not in reply}
-        failed = {rank for rank, reply in replies.items() if "error" in reply}
+        finished = {rank for rank, reply in replies.items() if reply.error is None}
+        failed = {rank for rank, reply in replies.items() if reply.error is not None}
         self.verdict = diagnose(self.states, self.ranks, finished, failed, self.code)
         if self.verdict is None and any(state.get("waiting") for state in self.states.values()):
             self.next_call = now + self.again_after
@@ -130,7 +130,7 @@ def diagnose(states, ranks, finished, failed, code=""):
 def after_cell(replies, ranks):
     """The mismatch the ranks' ledgers show after a cell every rank finished (MPI does not always hang on one:
     a broadcast from different roots can complete, with the wrong values), as one line, or ``None``."""
-    ledgers = {rank: reply["collectives"] for rank, reply in replies.items() if "collectives" in reply}
+    ledgers = {rank: reply.collectives for rank, reply in replies.items() if reply.collectives is not None}
     if len(ledgers) < len(ranks):
         return None
     used = {(name, tuple(ledger["members"])) for _, changed in ledgers.values() for name, ledger in changed.items()}

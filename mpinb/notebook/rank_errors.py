@@ -6,6 +6,7 @@ import signal
 import sys
 
 from ..errors import RankLost
+from ..wire.kinds import CellReply
 from ..wire.ranks import label_ranks
 from .diagnose import death_report, fatal_stack, last_stderr
 
@@ -30,7 +31,7 @@ def announce(result, pending, code, timeout, first_failure, replies, printer):
     """The diagnosis, printed the moment the cell is stopped: why, then where each running rank is."""
     printer.finish()
     if result.trouble == "failure" and first_failure is not None:
-        error = replies[first_failure[0]]["error"]
+        error = replies[first_failure[0]].error
         message = error["evalue"].splitlines()[0] if error["evalue"] else ""
         why = f"rank {first_failure[0]} failed ({error['ename']}: {message})"
     elif result.trouble == "timeout":
@@ -84,7 +85,7 @@ def check_deaths(world, ranks, replies, result, code):
             why = (f"rank {rank} was ended by mpiexec after rank {caller[0]} {caller[1]}" if caller else
                    f"rank {rank} died with the whole job at once, leaving no exit status (MPI_Abort on some rank, "
                    "or mpiexec was killed)")
-            replies[rank] = {"error": lost(why)}
+            replies[rank] = CellReply(error=lost(why))
         result.first_death = caller[0] if caller and caller[0] in dead else min(dead)
         return
     for death in sorted(deaths.values(), key=lambda d: (d.when is None, d.when or 0.0)):
@@ -107,7 +108,7 @@ def check_deaths(world, ranks, replies, result, code):
             message = f"rank {rank} was ended by mpiexec after rank {result.first_death} {cause}"
         else:
             message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"
-        replies[rank] = {"error": lost(message, frames)}
+        replies[rank] = CellReply(error=lost(message, frames))
 
 
 def why_stuck(recovery):

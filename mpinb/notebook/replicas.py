@@ -11,7 +11,7 @@ def differences(replies, said):
     set kept by the caller) holds what was said already, so each is said once."""
     models = {}
     for rank, reply in sorted(replies.items()):
-        for label, prints in reply.get("replicas", {}).items():
+        for label, prints in reply.replicas.items():
             models.setdefault(label, {})[rank] = prints
     lines = []
     for label, by_rank in sorted(models.items()):

@@ -7,6 +7,7 @@ seconds, then the cell's reply — leaves through one outbox thread and one sock
 reply never overtakes its cell's output or metrics.
 """
 
+import dataclasses
 import signal
 import sys
 
@@ -15,7 +16,7 @@ import zmq
 
 from ..wire import messages, shm
 from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
-from ..wire.kinds import Cell, Hello, Reply
+from ..wire.kinds import Cell, CellReply, Hello, Reply
 from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, trace_torch, tracing
 from .abort_watch import AbortWatch
 from .outbox import Ask, BetweenCells, ChannelStream, Outbox, TraceEnd, TraceStart
@@ -118,13 +119,13 @@ class Agent:
                 reply = runner.run_cell(code, number=number, source=options.source)
             tracing.state.outstanding.clear()  # the cell is over: this rank waits for nothing it launched
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
-            reply["collectives"] = (tracing.state.counts(), tracing.state.changed(counts))
-            if replicas.watched and "error" not in reply:  # models meant to be the same on every rank
-                reply["replicas"] = replicas.fingerprints(runner.user_namespace())
+            reply.collectives = (tracing.state.counts(), tracing.state.changed(counts))
+            if replicas.watched and reply.error is None:  # models meant to be the same on every rank
+                reply.replicas = replicas.fingerprints(runner.user_namespace())
             if options.gather is not None:
-                reply["gathered"], buffers = self._gather(options.gather)
+                reply.gathered, buffers = self._gather(options.gather)
         except BaseException as exc:  # noqa: BLE001 - a cell always gets its reply, or the notebook waits forever
-            reply, buffers = {"error": runner.describe_error(exc)}, []
+            reply, buffers = CellReply(error=runner.describe_error(exc)), []
         finally:
             signal.signal(signal.SIGINT, sigint)
             sys.stdout, sys.stderr = streams
@@ -177,12 +178,12 @@ class Agent:
         try:
             return self.replies.pack(Reply(self.rank, cell_id, reply), buffers)
         except Exception:  # noqa: BLE001 - anything pickle raises means "cannot travel": send its repr instead
-            reply = dict(reply, value=runner.stand_in(reply.get("value")))
+            reply = dataclasses.replace(reply, value=runner.stand_in(reply.value))
             try:
                 return self.replies.pack(Reply(self.rank, cell_id, reply), buffers)
             except Exception as exc:  # noqa: BLE001 - even the stand-in failed: say so rather than stay silent
                 error = runner.describe_error(exc)
-                return self.replies.pack(Reply(self.rank, cell_id, {"error": error}))
+                return self.replies.pack(Reply(self.rank, cell_id, CellReply(error=error)))
 
     def close(self):
         sys.stdout, sys.stderr = self.engine_streams

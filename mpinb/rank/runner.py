@@ -6,6 +6,7 @@ import linecache
 import sys
 import traceback
 
+from ..wire.kinds import CellReply
 from . import stacks
 
 _RESULT = "_mpinb_cell_value"
@@ -23,7 +24,7 @@ class RemoteValue:
 
 
 def run_cell(code, *, number=0, namespace=None, source=None):
-    """Execute *code* in *namespace* and return ``{"value": ...}`` or ``{"error": {...}}``.
+    """Execute *code* in *namespace* and return a :class:`~mpinb.wire.kinds.CellReply` with its value or error.
 
     IPython syntax (``%magics``, ``!shell``) works when an IPython shell runs this rank, and tracebacks name
     the cell as ``Cell In[number]``; the value of a final expression is returned, as in a notebook cell.
@@ -49,28 +50,28 @@ def run_cell(code, *, number=0, namespace=None, source=None):
         from . import debug
 
         debug.keep(exc)  # for %mpi debug
-        return {"error": describe_error(exc, shell)}
+        return CellReply(error=describe_error(exc, shell))
     finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
     if value is not None:
         namespace["_"] = value
-    return {"value": value}
+    return CellReply(value=value)
 
 
 def call(request):
     """Like :func:`run_cell`, for a :class:`~mpinb.wire.kinds.Call` of mpinb's own rank-side code: its value,
     or its error described."""
     if not request.module.startswith("mpinb.rank."):
-        return {"error": describe_error(ValueError(f"{request.module} is not rank-side code of mpinb"))}
+        return CellReply(error=describe_error(ValueError(f"{request.module} is not rank-side code of mpinb")))
     try:
         value = getattr(importlib.import_module(request.module), request.name)(*request.args)
     except BaseException as exc:  # noqa: BLE001 - reported like a cell's
-        return {"error": describe_error(exc, _shell())}
+        return CellReply(error=describe_error(exc, _shell()))
     finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-    return {"value": value}
+    return CellReply(value=value)
 
 
 def user_namespace(shell=None):

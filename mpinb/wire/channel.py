@@ -135,7 +135,7 @@ class Channel:
         """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires),
         after those kept while waiting for something else (*keep*).
 
-        A reply that came with raw buffers (a gather sent as frames) carries them as ``reply["buffers"]``.
+        A reply that came with raw buffers (a gather sent as frames) carries them as ``reply.buffers``.
         """
         if keep and self._held:
             messages, self._held = self._held, []
@@ -157,7 +157,7 @@ class Channel:
                     continue
                 message, buffers = unpacked
                 if buffers and isinstance(message, Reply):
-                    message.reply["buffers"] = buffers
+                    message.reply.buffers = buffers
                 messages.append(message)
         return messages
 

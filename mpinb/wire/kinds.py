@@ -142,12 +142,27 @@ class Input(NamedTuple):
     prompt: str
 
 
+@dataclass
+class CellReply:
+    """How a cell ended on a rank: its *value*, or its *error* (Jupyter's error content: ``ename``, ``evalue``,
+    ``traceback``); *collectives*: the rank's ledgers after it, ``({comm: (count, members)}, changed)``;
+    *replicas*: fingerprints of the models meant to be the same on every rank; *gathered*: a payload of
+    ``wire/gathered.py``; *buffers*: the raw frames that came with it (set where it arrives)."""
+
+    value: object = None
+    error: dict | None = None
+    collectives: tuple | None = None
+    replicas: dict = field(default_factory=dict)
+    gathered: object = None
+    buffers: list = field(default_factory=list)
+
+
 class Reply(NamedTuple):
-    """The cell ended: ``{"value": ...}`` or ``{"error": ...}``, and what it gathered."""
+    """The cell ended on *rank* (:class:`CellReply`)."""
 
     rank: int
     cell_id: int
-    reply: dict
+    reply: CellReply
 
 
 class Listening(NamedTuple):
