@@ -73,9 +73,9 @@ def who(namespace=None, *, limit=LIMIT, total=TOTAL, pickle_limit=PICKLE_LIMIT, 
     """
     hidden = {}
     if namespace is None:
-        from ..runner import _shell, user_namespace
+        from ..runner import ipython_shell, user_namespace
 
-        shell = _shell()
+        shell = ipython_shell()
         namespace = user_namespace(shell)
         hidden = getattr(shell, "user_ns_hidden", None) or {}
     budget = Budget(limit, total, pickle_limit, device_limit)
