@@ -270,8 +270,8 @@ named = [(str(i), p) for i, p in enumerate(params)]
 total = sum(p.numel() for p in params)
 flat = np.random.rand(total).astype(np.float32)
 mt.init_process_group("gloo")
-from mpinb.rank.flat_buffers import _buckets
-buckets = [torch.cat([p.grad.reshape(-1) for _, p in bucket]) for bucket in _buckets(named, bucket_bytes=25 << 20)]
+from mpinb.rank.data_parallel.flat_buffers import buckets_of
+buckets = [torch.cat([p.grad.reshape(-1) for _, p in bucket]) for bucket in buckets_of(named, bucket_bytes=25 << 20)]
 
 class Everything(torch.nn.Module):
     def __init__(self):

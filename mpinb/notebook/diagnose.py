@@ -85,8 +85,9 @@ class RankStack:
         return f'  File "{file}", line {line}, in {function}'
 
 
-_MPINB_FILE = re.compile(r"/mpinb/(rank|wire|notebook|widgets)/\w+\.py$|/mpinb/\w+\.py$")
-_COMMUNICATION_FILES = ("/mpi4py/", "/torch/distributed/", "/mpinb/rank/data_parallel.py", "/mpinb/rank/gather.py")
+_MPINB_FILE = re.compile(r"/mpinb/(rank|wire|notebook|widgets)/(\w+/)?\w+\.py$|/mpinb/\w+\.py$")
+_COMMUNICATION_FILES = ("/mpi4py/", "/torch/distributed/", "/mpinb/rank/data_parallel/collectives.py",
+                        "/mpinb/rank/gather.py")
 _COMMUNICATION_CALL = re.compile(
     r"\b(comm|MPI|dist|world|COMM_WORLD)\b[\w.]*\.\w+\(|\.(Barrier|barrier|I?[Aa]ll[Rr]educe|[Aa]llgather|"
     r"[Bb]cast|[Ss]catter|[Gg]ather|[Rr]educe|[Ss]end|[Rr]ecv|Sendrecv|sendrecv|[Ww]ait|[Ww]aitall|"

@@ -33,7 +33,7 @@ def run_cell(code, *, number=0, namespace=None, source=None):
     Exceptions never escape: they come back described, so one failing rank never turns into a lost reply.
     The value is returned as it is; whoever sends it uses :func:`stand_in` if it does not pickle.
     """
-    shell = _shell()
+    shell = ipython_shell()
     if namespace is None:
         namespace = user_namespace(shell)
     try:
@@ -67,7 +67,7 @@ def call(request):
     try:
         value = getattr(importlib.import_module(request.module), request.name)(*request.args)
     except BaseException as exc:  # noqa: BLE001 - reported like a cell's
-        return CellReply(error=describe_error(exc, _shell()))
+        return CellReply(error=describe_error(exc, ipython_shell()))
     finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
@@ -76,14 +76,16 @@ def call(request):
 
 def user_namespace(shell=None):
     """Where cells run: the engine's IPython user namespace, else ``__main__``'s globals."""
-    shell = shell or _shell()
+    shell = shell or ipython_shell()
     return shell.user_ns if shell is not None else sys.modules["__main__"].__dict__
 
 
 _get_ipython = None  # IPython's get_ipython, imported on first use (this module imports nothing of IPython)
 
 
-def _shell():
+def ipython_shell():
+    """The IPython shell running this rank's cells, its compiler set to name cells as IPython does, or ``None``
+    where none runs (a script under plain ``mpiexec``)."""
     global _get_ipython
     if _get_ipython is None:
         try:

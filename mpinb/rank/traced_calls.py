@@ -4,8 +4,8 @@ collectives, the blocking point-to-point call in progress, spans while a cell is
 mpinb's own API marks its calls here too: :func:`api_call` records one span (kind ``"torch"``) around what a
 function of ``mpinb.torch`` does, so a trace names the call the user made (``allreduce_gradients``), matched
 across ranks like a collective, and the MPI calls inside it count as part of it; :func:`own_check` marks the
-collectives of mpinb's own checks (``rank/agreement.py``: one small allgather before each of them) as kind
-``"mpinb"``, which the summary does not blame.
+collectives of mpinb's own checks (``rank/data_parallel/agreement.py``: one small allgather before each of them)
+as kind ``"mpinb"``, which the summary does not blame.
 """
 
 import contextlib

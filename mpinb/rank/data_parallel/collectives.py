@@ -2,8 +2,8 @@
 averaged in fused buckets with buffer-based MPI (the tensors' memory, no pickling), optionally compressed to fp16
 or overlapped with the backward pass. Every function is collective over *comm* (default ``MPI.COMM_WORLD``) and
 checks first that every rank holds the same parameters with gradients in the same places, so a mismatch (or bad
-input on any rank) is an error on every rank instead of a deadlock (``rank/agreement.py``). Tensors travel as
-flat buffers (``rank/flat_buffers.py``); an optimizer's state as in ``rank/optimizer_state.py``.
+input on any rank) is an error on every rank instead of a deadlock (``agreement.py``). Tensors travel as flat
+buffers (``flat_buffers.py``); an optimizer's state as in ``optimizer_state.py``.
 """
 
 import operator
@@ -11,11 +11,11 @@ from collections.abc import Mapping
 
 import torch
 
-from . import replicas
-from .agreement import _agree, _digest, _signature
-from .flat_buffers import _buckets, _chunks, _flatten, _mpi_buffer, _unflatten, _wire_buffer
-from .optimizer_state import _optimizer_signature, _share_skeleton, _with_tensors
-from .traced_calls import api_call, own_check
+from .. import replicas
+from ..traced_calls import api_call, own_check
+from .agreement import agree, parameter_signature, signature_digest
+from .flat_buffers import buckets_of, chunks, flatten, mpi_buffer, unflatten, wire_buffer
+from .optimizer_state import optimizer_signature, share_skeleton, with_tensors
 
 
 class _DefaultRoot(int):
@@ -66,7 +66,7 @@ def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
     root, problem = _root(root, root_rank, comm)
     named, bad_params = _named_tensors(params)
     with api_call("broadcast_parameters", comm):
-        _agree(comm, "broadcast_parameters", _signature(named, grads=False), problem=problem or bad_params,
+        agree(comm, "broadcast_parameters", parameter_signature(named, grads=False), problem=problem or bad_params,
                same={"root": root})
         _broadcast(comm, named, root, slot="broadcast")
     if isinstance(params, torch.nn.Module):
@@ -118,17 +118,17 @@ def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=Non
     root, problem = _root(root, root_rank, comm)
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     if isinstance(inner, torch.optim.Optimizer):
-        signature = _optimizer_signature(inner)
+        signature = optimizer_signature(inner)
     else:
         signature = []
         problem = problem or _not_an_optimizer(optimizer)
     what = "broadcast_optimizer_state"
     with api_call(what, comm):
-        _agree(comm, what, signature, problem=problem, same={"root": root, "optimizer": type(inner).__name__})
-        skeleton, tensors = _share_skeleton(comm, inner, root, what)
+        agree(comm, what, signature, problem=problem, same={"root": root, "optimizer": type(inner).__name__})
+        skeleton, tensors = share_skeleton(comm, inner, root, what)
         _broadcast(comm, [(str(i), t) for i, t in enumerate(tensors)], root, slot="optimizer")
     if comm.rank != root:
-        inner.load_state_dict(_with_tensors(skeleton, tensors))
+        inner.load_state_dict(with_tensors(skeleton, tensors))
 
 
 def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, comm=None):
@@ -145,22 +145,22 @@ def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, 
     replicas.watch(model)
     named = [(name, p) for name, p in _named(model) if p.requires_grad]
     with api_call("allreduce_gradients", comm):
-        _agree(comm, "allreduce_gradients", _signature(named))
+        agree(comm, "allreduce_gradients", parameter_signature(named))
         _allreduce_buckets(comm, named, average, bucket_mb, compression)
 
 
 def _allreduce_buckets(comm, named, average, bucket_mb, compression):
     with torch.no_grad():
-        buckets = _buckets([(n, p) for n, p in named if p.grad is not None], bucket_bytes=bucket_mb << 20)
+        buckets = buckets_of([(n, p) for n, p in named if p.grad is not None], bucket_bytes=bucket_mb << 20)
         for index, bucket in enumerate(buckets):
             grads = [p.grad for _, p in bucket]
-            flat = _wire_buffer(grads, compression, slot=index, divide_by=comm.size if average else 1)
-            for piece, memory in _chunks(flat):
+            flat = wire_buffer(grads, compression, slot=index, divide_by=comm.size if average else 1)
+            for piece, memory in chunks(flat):
                 comm.Allreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype))
                 if average and not compression:
                     piece.div_(comm.size)  # while the piece is still in cache
             if flat.data_ptr() != grads[0].data_ptr():
-                _unflatten(flat, grads)
+                unflatten(flat, grads)
 
 
 class GradientAllreducer:
@@ -178,9 +178,9 @@ class GradientAllreducer:
         self.check = self.comm.Dup()  # agreement checks must not interleave with the pending Iallreduces
         self.average, self.compression = average, compression
         self.named = [(name, p) for name, p in _named(model) if p.requires_grad]
-        _agree(self.check, "GradientAllreducer", _signature(self.named, grads=False))
+        agree(self.check, "GradientAllreducer", parameter_signature(self.named, grads=False))
         replicas.watch(model)
-        self.buckets = _buckets(self.named, bucket_bytes=bucket_mb << 20)
+        self.buckets = buckets_of(self.named, bucket_bytes=bucket_mb << 20)
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for _, p in bucket}
         self._reset()
         self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for _, p in self.named]
@@ -204,11 +204,11 @@ class GradientAllreducer:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params] if fill_missing \
             else [p.grad for p in params]
         with torch.no_grad():  # (a zero-filled stand-in is never reduced in place: nothing would see the result)
-            flat = _wire_buffer(grads, self.compression, slot=("overlap", index), in_place=grads[0] is params[0].grad,
+            flat = wire_buffer(grads, self.compression, slot=("overlap", index), in_place=grads[0] is params[0].grad,
                                 divide_by=self.comm.size if self.average else 1)
         self.flats[index] = flat
         self.requests.extend(self.comm.Iallreduce(_IN_PLACE(), memory, op=_SUM(flat.dtype))
-                             for _, memory in _chunks(flat))
+                             for _, memory in chunks(flat))
         self.started += 1
 
     def synchronize(self):
@@ -217,9 +217,9 @@ class GradientAllreducer:
             self._synchronize()
 
     def _synchronize(self):
-        signature = _signature(self.named)
+        signature = parameter_signature(self.named)
         with own_check("synchronize"):
-            everyone = self.check.allgather((_digest(signature), self.started == len(self.buckets)))
+            everyone = self.check.allgather((signature_digest(signature), self.started == len(self.buckets)))
         agreed = len({digest for digest, _ in everyone}) == 1
         if not all(complete for _, complete in everyone):
             # a bucket did not fill on some rank (a parameter without gradient): start what is left everywhere,
@@ -229,14 +229,14 @@ class GradientAllreducer:
         _Request().Waitall(self.requests)
         if not agreed:
             self._reset()
-            _agree(self.check, "GradientAllreducer", signature)
+            agree(self.check, "GradientAllreducer", signature)
         with torch.no_grad():
             for flat, bucket in zip(self.flats, self.buckets):
                 if self.average and not self.compression:
                     flat.div_(self.comm.size)
                 grads = [p.grad for _, p in bucket]
                 if grads[0] is None or flat.data_ptr() != grads[0].data_ptr():
-                    _unflatten(flat, grads, sizes=[p.numel() for _, p in bucket])
+                    unflatten(flat, grads, sizes=[p.numel() for _, p in bucket])
         self._reset()
 
     def remove(self):
@@ -330,7 +330,7 @@ def _root(root, root_rank, comm):
     except TypeError:
         return None, TypeError(f"{name} must be a rank (an int), not {_a(root)}")
     if not 0 <= root < comm.size:
-        from ..wire.ranks import label_ranks
+        from ...wire.ranks import label_ranks
 
         return None, ValueError(f"{name}={root} is not a rank of comm ({label_ranks(range(comm.size))})")
     return root, None
@@ -395,12 +395,12 @@ def _a(value):
 def _broadcast(comm, named, root, *, slot):
     """Copy root's tensors into every rank's *named* tensors, in buckets of one dtype (buffer-based Bcast)."""
     with torch.no_grad():
-        for index, bucket in enumerate(_buckets(named, bucket_bytes=64 << 20)):
+        for index, bucket in enumerate(buckets_of(named, bucket_bytes=64 << 20)):
             tensors = [t for _, t in bucket]
-            flat = _flatten(tensors, slot=(slot, index))
-            comm.Bcast(_mpi_buffer(flat, moving_only=True), root=root)
+            flat = flatten(tensors, slot=(slot, index))
+            comm.Bcast(mpi_buffer(flat, moving_only=True), root=root)
             if comm.rank != root:
-                _unflatten(flat, tensors)
+                unflatten(flat, tensors)
 
 
 def _named(model):

@@ -9,7 +9,7 @@ MB = 1 << 20
 SUMMARY = 40  # characters of a summary at most
 
 
-def _values(flat, more, ndim=1):
+def values_text(flat, more, ndim=1):
     if ndim == 0:
         return str(flat[0])
     with np.printoptions(precision=4, threshold=100, linewidth=10_000):
@@ -17,7 +17,7 @@ def _values(flat, more, ndim=1):
     return text[:-1] + " …]" if more else text
 
 
-def _shape(value):
+def shape_of(value):
     try:
         shape = getattr(value, "shape", None)
     except Exception:  # noqa: BLE001 - a property of a user object may raise
@@ -27,7 +27,7 @@ def _shape(value):
     return None
 
 
-def _dtype(value):
+def dtype_of(value):
     if isinstance(value, (np.generic,)):
         return str(value.dtype)
     try:
@@ -53,34 +53,34 @@ _repr.maxstring = _repr.maxother = SUMMARY
 _repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = _repr.maxfrozenset = 6
 
 
-def _summary(value):
+def summary_of(value):
     if isinstance(value, (bytes, bytearray)) and len(value) > SUMMARY:
-        return _clip(f"{len(value):,} bytes: {value[:SUMMARY]!r}")
+        return clip(f"{len(value):,} bytes: {value[:SUMMARY]!r}")
     try:
         text = _repr.repr(value)
     except Exception as exc:  # noqa: BLE001 - a user type's __repr__ may raise
         return f"<{type(value).__name__}: repr() raised {type(exc).__name__}>"
     if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 6:
         text = f"{len(value):,} items: {text}"
-    return _clip(" ".join(text.split()))
+    return clip(" ".join(text.split()))
 
 
-def _signature(value):
+def signature_of(value):
     if isinstance(value, type):
-        return _clip(f"class {value.__qualname__}")
+        return clip(f"class {value.__qualname__}")
     try:
         import inspect
 
-        return _clip(f"def {value.__name__}{inspect.signature(value)}")
+        return clip(f"def {value.__name__}{inspect.signature(value)}")
     except (TypeError, ValueError, AttributeError):
-        return _clip(f"def {getattr(value, '__name__', type(value).__name__)}(…)")
+        return clip(f"def {getattr(value, '__name__', type(value).__name__)}(…)")
 
 
-def _clip(text, width=SUMMARY):
+def clip(text, width=SUMMARY):
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _size(nbytes):
+def size_text(nbytes):
     for unit, scale in (("GB", 1 << 30), ("MB", MB), ("kB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.3g} {unit}"

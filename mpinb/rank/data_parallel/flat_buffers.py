@@ -13,14 +13,14 @@ IN_PLACE_BYTES = 1 << 20  # a gradient this big is reduced in its own memory: fu
 CHUNK_BYTES = 2 << 20  # Allreduce piece size (measured fastest for 2-4 MB on MPICH over shared memory)
 
 
-def _wire_buffer(grads, compression, *, slot, divide_by=1, in_place=True):
+def wire_buffer(grads, compression, *, slot, divide_by=1, in_place=True):
     """The flat buffer a bucket's *grads* are reduced in: the gradient itself when it is big enough and already
     in the wire dtype, else a fused copy converted to it. Compressed values are divided before the sum (an fp16
     sum of undivided gradients can overflow); uncompressed ones after it, piece by piece."""
     wire = _wire_dtype(grads[0].dtype, compression)
     if in_place and _reducible_in_place(grads, wire):
         return grads[0].view(-1)
-    flat = _flatten(grads, dtype=wire, slot=slot)
+    flat = flatten(grads, dtype=wire, slot=slot)
     if compression and divide_by != 1:
         flat.div_(divide_by)
     return flat
@@ -32,14 +32,14 @@ def _reducible_in_place(tensors, wire_dtype):
             and tensor.numel() * tensor.element_size() >= IN_PLACE_BYTES)
 
 
-def _chunks(flat):
+def chunks(flat):
     """``(piece, [memory, count, datatype])`` for pieces of a flat tensor of at most :data:`CHUNK_BYTES`."""
     step = max(1, CHUNK_BYTES // flat.element_size())
     pieces = [flat[start:start + step] for start in range(0, flat.numel(), step)]
-    return [(piece, _mpi_buffer(piece)) for piece in pieces]
+    return [(piece, mpi_buffer(piece)) for piece in pieces]
 
 
-def _buckets(named, *, bucket_bytes):
+def buckets_of(named, *, bucket_bytes):
     """Groups of one dtype and at most about *bucket_bytes*, in reverse order (backward produces the last
     layers' gradients first); a tensor of :data:`IN_PLACE_BYTES` or more is a bucket of its own."""
     buckets, current, size = [], [], 0
@@ -73,7 +73,7 @@ _flats = {}  # (elements, dtype, slot) -> a reusable flat buffer
 _FLAT_SLOTS = 64
 
 
-def _flatten(tensors, dtype=None, *, slot=0):
+def flatten(tensors, dtype=None, *, slot=0):
     """One contiguous CPU buffer holding *tensors* one after another (converted to *dtype*).
 
     Buffers are kept and reused by size, dtype and *slot* (a bucket's index): fresh memory costs a page
@@ -95,7 +95,7 @@ def _flatten(tensors, dtype=None, *, slot=0):
     return flat
 
 
-def _unflatten(flat, tensors, sizes=None):
+def unflatten(flat, tensors, sizes=None):
     """Copy *flat* back into *tensors* (``None`` entries are skipped; *sizes* then says how much each took)."""
     offset = 0
     for i, tensor in enumerate(tensors):
@@ -105,7 +105,7 @@ def _unflatten(flat, tensors, sizes=None):
         offset += n
 
 
-def _mpi_buffer(flat, *, moving_only=False):
+def mpi_buffer(flat, *, moving_only=False):
     """``[memory, count, datatype]`` of a flat CPU tensor for buffer-based MPI calls. *moving_only* (``Bcast``,
     no arithmetic): a dtype MPI has no type for goes as its bytes."""
     from mpi4py import MPI

@@ -8,8 +8,8 @@ call has copied less than *device_limit* (16 MB): a large one is left unhashed, 
 SHA-1 used as a fingerprint, not for security: through OpenSSL it runs at about 2 GB/s where blake2b runs at
 0.35 GB/s (measured here), so a 100 MB array costs about 35 ms.
 
-The hashing is in ``rank/who_hash.py`` (and ``rank/who_pickle.py`` for any other value), the words in
-``rank/who_text.py``.
+The hashing is in ``rank/who/hashing.py`` (and ``rank/who/pickling.py`` for any other value), the words in
+``rank/who/text.py``.
 """
 
 import sys
@@ -17,25 +17,25 @@ import types
 
 import numpy as np
 
-from .who_hash import (
+from .hashing import (
     DEVICE_LIMIT,
     LIMIT,
     PICKLE_LIMIT,
     TOTAL,
-    _Budget,
-    _describe_comm,
-    _feed_array,
-    _feed_tensor,
-    _first,
-    _first_tensor,
-    _hasher,
-    _is_comm,
-    _module_digest,
-    _nbytes,
-    _short,
+    Budget,
+    describe_comm,
+    feed_array,
+    feed_tensor,
+    first_elements,
+    first_tensor_elements,
+    hasher,
+    is_comm,
+    module_digest,
+    short,
+    tensor_nbytes,
 )
-from .who_pickle import _hash_object
-from .who_text import _clip, _dtype, _shape, _signature, _size, _summary, _values
+from .pickling import hash_object
+from .text import clip, dtype_of, shape_of, signature_of, size_text, summary_of, values_text
 
 HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "MPI"})  # IPython's own names, and mpinb's MPI
 _TYPE_ONLY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
@@ -73,12 +73,12 @@ def who(namespace=None, *, limit=LIMIT, total=TOTAL, pickle_limit=PICKLE_LIMIT, 
     """
     hidden = {}
     if namespace is None:
-        from .runner import _shell, user_namespace
+        from ..runner import ipython_shell, user_namespace
 
-        shell = _shell()
+        shell = ipython_shell()
         namespace = user_namespace(shell)
         hidden = getattr(shell, "user_ns_hidden", None) or {}
-    budget = _Budget(limit, total, pickle_limit, device_limit)
+    budget = Budget(limit, total, pickle_limit, device_limit)
     described = {}
     for name, value in list(namespace.items()):
         if (not isinstance(name, str) or name.startswith("_") or name in HIDDEN
@@ -90,7 +90,7 @@ def who(namespace=None, *, limit=LIMIT, total=TOTAL, pickle_limit=PICKLE_LIMIT, 
 
 def describe(value, budget=None):
     """One value's entry of :func:`who` (*budget*, shared by the values of one call, says what may be hashed)."""
-    budget = budget or _Budget()
+    budget = budget or Budget()
     budget.start()
     entry = {"type": type(value).__name__, "shape": None, "dtype": None, "hash": None, "summary": "", "note": None}
     try:
@@ -104,17 +104,17 @@ def describe(value, budget=None):
         elif torch is not None and isinstance(value, torch.optim.Optimizer):
             groups = len(value.param_groups)
             entry["summary"] = f"{groups} parameter group{'s' if groups != 1 else ''}"
-        elif _is_comm(value):
-            _describe_comm(value, entry)
+        elif is_comm(value):
+            describe_comm(value, entry)
         elif isinstance(value, _TYPE_ONLY):
-            entry["summary"] = _signature(value)
+            entry["summary"] = signature_of(value)
         else:
-            entry["shape"], entry["dtype"], entry["summary"] = _shape(value), _dtype(value), _summary(value)
-            _hash_object(value, entry, budget)
+            entry["shape"], entry["dtype"], entry["summary"] = shape_of(value), dtype_of(value), summary_of(value)
+            hash_object(value, entry, budget)
     except Exception as exc:  # noqa: BLE001 - a user object may fail in any way: say so, describe the rest
         entry["hash"] = None
         try:
-            why = _clip(str(exc))
+            why = clip(str(exc))
         except Exception:  # noqa: BLE001 - its message too
             why = "(no message)"
         entry["note"] = f"could not be described: {type(exc).__name__}: {why}"
@@ -125,13 +125,13 @@ def describe(value, budget=None):
 
 def _describe_array(array, entry, budget):
     entry["shape"], entry["dtype"] = tuple(array.shape), str(array.dtype)
-    entry["summary"] = _clip(_values(_first(array, 6), array.size > 6, array.ndim))
+    entry["summary"] = clip(values_text(first_elements(array, 6), array.size > 6, array.ndim))
     if array.dtype.hasobject:  # pointers: hash the objects themselves, through pickle
-        _hash_object(array, entry, budget)
+        hash_object(array, entry, budget)
         return
-    digest = _hasher(entry["type"], entry["shape"], entry["dtype"])
-    _feed_array(digest, array, budget)
-    entry["hash"], entry["note"] = _short(digest), budget.cut_note()
+    digest = hasher(entry["type"], entry["shape"], entry["dtype"])
+    feed_array(digest, array, budget)
+    entry["hash"], entry["note"] = short(digest), budget.cut_note()
     if entry["note"] == "not hashed: who's total spent":
         entry["hash"] = None
 
@@ -139,17 +139,17 @@ def _describe_array(array, entry, budget):
 def _describe_tensor(tensor, entry, budget):
     entry["shape"] = tuple(tensor.shape)
     entry["dtype"] = str(tensor.dtype).replace("torch.", "")
-    digest = _hasher(entry["type"], entry["shape"], entry["dtype"])
-    why = _feed_tensor(digest, tensor, budget)
+    digest = hasher(entry["type"], entry["shape"], entry["dtype"])
+    why = feed_tensor(digest, tensor, budget)
     where = "" if tensor.device.type == "cpu" else f"{tensor.device} "
     if why:
         entry["note"] = why
-        entry["summary"] = _clip(f"{where}{_size(_nbytes(tensor))}")
+        entry["summary"] = clip(f"{where}{size_text(tensor_nbytes(tensor))}")
         return
-    entry["hash"], entry["note"] = _short(digest), budget.cut_note()
+    entry["hash"], entry["note"] = short(digest), budget.cut_note()
     if entry["note"] == "not hashed: who's total spent":
         entry["hash"] = None
-    entry["summary"] = _clip(where + _values(_first_tensor(tensor, 6), tensor.numel() > 6, tensor.dim()))
+    entry["summary"] = clip(where + values_text(first_tensor_elements(tensor, 6), tensor.numel() > 6, tensor.dim()))
 
 
 def _describe_module(module, entry, budget):
@@ -157,9 +157,9 @@ def _describe_module(module, entry, budget):
     entry["parameters"] = parameters
     devices = sorted({str(t.device) for t in module.state_dict().values() if hasattr(t, "device")})
     where = "" if devices in ([], ["cpu"]) else f", {', '.join(devices)}"
-    entry["summary"] = _clip(f"{parameters:,} parameters{where}")
-    digest, why = _module_digest(module, budget)
-    entry["hash"] = None if why else _short(digest)
+    entry["summary"] = clip(f"{parameters:,} parameters{where}")
+    digest, why = module_digest(module, budget)
+    entry["hash"] = None if why else short(digest)
     entry["note"] = why or budget.cut_note()
     if entry["note"] == "not hashed: who's total spent":
         entry["hash"] = None

@@ -7,13 +7,13 @@ from collections import OrderedDict
 import torch
 
 
-def _optimizer_signature(optimizer):
+def optimizer_signature(optimizer):
     """What every rank's *optimizer* must agree on: each parameter's place in ``param_groups``, shape and dtype."""
     return [(f"param_groups[{g}][{i}]", tuple(p.shape), str(p.dtype), True)
             for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])]
 
 
-def _share_skeleton(comm, optimizer, root, what):
+def share_skeleton(comm, optimizer, root, what):
     """Root's ``state_dict`` with its tensors taken out, pickled once and broadcast: ``(skeleton, tensors)``, the
     tensors root's own on root and empty ones to receive them into elsewhere. Raises on every rank when root's
     state cannot be pickled."""
@@ -51,11 +51,11 @@ def _without_tensors(value, tensors):
     return value  # anything else is pickled as it is
 
 
-def _with_tensors(value, tensors):
+def with_tensors(value, tensors):
     if isinstance(value, _Slot):
         return tensors[value]
     if type(value) in (dict, OrderedDict):
-        return type(value)((key, _with_tensors(item, tensors)) for key, item in value.items())
+        return type(value)((key, with_tensors(item, tensors)) for key, item in value.items())
     if type(value) in (list, tuple):
-        return type(value)(_with_tensors(item, tensors) for item in value)
+        return type(value)(with_tensors(item, tensors) for item in value)
     return value

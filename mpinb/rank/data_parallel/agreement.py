@@ -4,27 +4,27 @@ A trace shows these allgathers as mpinb's own (kind ``"mpinb"``), not as the use
 
 import zlib
 
-from .traced_calls import own_check
+from ..traced_calls import own_check
 
 
-def _signature(named, *, grads=True):
+def parameter_signature(named, *, grads=True):
     """What every rank must agree on: name, shape, dtype and (with *grads*) whether it holds a gradient."""
     return [(name, tuple(p.shape), str(p.dtype), p.grad is not None if grads else True) for name, p in named]
 
 
-def _digest(signature):
+def signature_digest(signature):
     return zlib.crc32(repr(signature).encode())
 
 
-def _agree(comm, what, signature, *, problem=None, same=None):
+def agree(comm, what, signature, *, problem=None, same=None):
     """Raise on every rank, naming parameters and ranks, unless every rank has this *signature*, no rank found a
     *problem* (an exception to raise) with its input, and every rank has the same values in *same*
     (``{"root": 0}``). One small allgather when all is well."""
-    from ..wire.ranks import label_ranks
+    from ...wire.ranks import label_ranks
 
+    own_problem = None if problem is None else (type(problem), str(problem))
     with own_check(what):
-        everyone = comm.allgather((_digest(signature), None if problem is None else (type(problem), str(problem)),
-                                   same or {}))
+        everyone = comm.allgather((signature_digest(signature), own_problem, same or {}))
     problems = {}
     for rank, (_, found, _) in enumerate(everyone):
         if found is not None:

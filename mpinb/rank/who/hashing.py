@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from .who_text import MB, _clip, _size
+from .text import MB, clip, size_text
 
 LIMIT = 64 * MB  # bytes of one array, tensor or model hashed at most
 TOTAL = 512 * MB  # bytes hashed in one call at most
@@ -14,7 +14,7 @@ PICKLE_LIMIT = 4 * MB  # bytes of a pickled container hashed at most
 DEVICE_LIMIT = 16 * MB  # a GPU tensor (or model) larger than this is not copied to the host to be hashed
 
 
-class _Budget:
+class Budget:
     """What one call of :func:`who` may still hash and copy from GPUs; *partial*: the current hash was cut off."""
 
     def __init__(self, limit=LIMIT, total=TOTAL, pickle_limit=PICKLE_LIMIT, device_limit=DEVICE_LIMIT):
@@ -38,22 +38,22 @@ class _Budget:
     def cut_note(self):
         if not self.partial:
             return None
-        return f"first {_size(self.allowed)}" if self.allowed else "not hashed: who's total spent"
+        return f"first {size_text(self.allowed)}" if self.allowed else "not hashed: who's total spent"
 
 
-def _hasher(*header):
+def hasher(*header):
     """A hash that starts with *header* (type, shape, dtype): equal bytes of other shapes hash apart."""
     return hashlib.sha1(repr(header).encode(), usedforsecurity=False)
 
 
-def _short(digest):
+def short(digest):
     return digest.hexdigest()[:8]
 
 
 # ---------------------------------------------------------------- numpy
 
 
-def _feed_array(digest, array, budget):
+def feed_array(digest, array, budget):
     """Hash *array*'s bytes in C order, as many as *budget* allows (a prefix copied when not contiguous)."""
     room = budget.take(array.nbytes)
     if room > 0:
@@ -72,7 +72,7 @@ def _head(array, nbytes):
     return _head(array[0], nbytes)
 
 
-def _first(array, count):
+def first_elements(array, count):
     """The first *count* elements of *array* in C order, flat, without touching the rest."""
     if array.size == 0:
         return array.reshape(-1)
@@ -87,7 +87,7 @@ def _first(array, count):
 # ---------------------------------------------------------------- torch
 
 
-def _feed_tensor(digest, tensor, budget):
+def feed_tensor(digest, tensor, budget):
     """Hash *tensor*'s bytes as *budget* allows; return why it cannot be hashed, or ``None``."""
     torch = sys.modules["torch"]
     tensor = tensor.detach()
@@ -96,38 +96,38 @@ def _feed_tensor(digest, tensor, budget):
         return f"not hashed: {kind} tensor"
     if tensor.device.type == "meta":
         return "not hashed: no data (meta tensor)"
-    nbytes = _nbytes(tensor)
+    nbytes = tensor_nbytes(tensor)
     on_device = tensor.device.type != "cpu"
     if on_device and budget.room > 0 and nbytes > budget.device_left:
-        return f"not hashed: {_size(nbytes)} on {tensor.device}, not copied to the host"
+        return f"not hashed: {size_text(nbytes)} on {tensor.device}, not copied to the host"
     room = budget.take(nbytes)
     if room <= 0:
         return None
     head = _head_tensor(tensor, room)
     if on_device:
-        budget.device_left -= _nbytes(head)
+        budget.device_left -= tensor_nbytes(head)
         head = head.cpu()
     raw = head.resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
     digest.update(raw.numpy()[:room])
     return None
 
 
-def _nbytes(tensor):
+def tensor_nbytes(tensor):
     return tensor.numel() * tensor.element_size()
 
 
 def _head_tensor(tensor, nbytes):
     if tensor.is_contiguous():
         return tensor.reshape(-1)[: -(-nbytes // tensor.element_size())]
-    if _nbytes(tensor) <= nbytes or tensor.dim() == 0:
+    if tensor_nbytes(tensor) <= nbytes or tensor.dim() == 0:
         return tensor.contiguous()
-    row = _nbytes(tensor) // tensor.shape[0]
+    row = tensor_nbytes(tensor) // tensor.shape[0]
     if row <= nbytes:
         return tensor[: -(-nbytes // row)].contiguous()
     return _head_tensor(tensor[0], nbytes)
 
 
-def _first_tensor(tensor, count):
+def first_tensor_elements(tensor, count):
     tensor = tensor.detach()
     if tensor.numel() == 0:
         return np.zeros(0)
@@ -144,19 +144,19 @@ def _first_tensor(tensor, count):
         return np.array(flat.tolist())
 
 
-def _module_digest(module, budget):
+def module_digest(module, budget):
     """A hash over *module*'s ``state_dict()`` (names, shapes, dtypes, bytes), and why not when it cannot be."""
     state = module.state_dict()
     on_device = [t for t in state.values() if hasattr(t, "device") and t.device.type != "cpu"]
-    device_bytes = sum(_nbytes(t) for t in on_device)
+    device_bytes = sum(tensor_nbytes(t) for t in on_device)
     if device_bytes > budget.device_left:
         where = ", ".join(sorted({str(t.device) for t in on_device}))
-        return None, f"not hashed: {_size(device_bytes)} of state on {where}, not copied to the host"
-    digest = _hasher(type(module).__name__)
+        return None, f"not hashed: {size_text(device_bytes)} of state on {where}, not copied to the host"
+    digest = hasher(type(module).__name__)
     for key, tensor in state.items():
         if hasattr(tensor, "detach"):
             digest.update(repr((key, tuple(tensor.shape), str(tensor.dtype))).encode())
-            why = _feed_tensor(digest, tensor, budget)
+            why = feed_tensor(digest, tensor, budget)
             if why:
                 return None, f"not hashed: {key} is {why.removeprefix('not hashed: ')}"
         else:
@@ -167,17 +167,17 @@ def _module_digest(module, budget):
 # ---------------------------------------------------------------- mpi4py
 
 
-def _is_comm(value):
+def is_comm(value):
     mpi = sys.modules.get("mpi4py.MPI")
     return mpi is not None and isinstance(value, mpi.Comm)
 
 
-def _describe_comm(comm, entry):
+def describe_comm(comm, entry):
     """A communicator by its name and size (a handle does not pickle, and its address means nothing elsewhere)."""
     mpi = sys.modules["mpi4py.MPI"]
     if comm == mpi.COMM_NULL:
-        entry["summary"], entry["hash"] = "COMM_NULL", _short(_hasher(entry["type"], "COMM_NULL"))
+        entry["summary"], entry["hash"] = "COMM_NULL", short(hasher(entry["type"], "COMM_NULL"))
         return
     name, size = comm.Get_name(), comm.Get_size()
-    entry["summary"] = _clip(f"{name or 'unnamed'}, size {size}")
-    entry["hash"] = _short(_hasher(entry["type"], name, size))
+    entry["summary"] = clip(f"{name or 'unnamed'}, size {size}")
+    entry["hash"] = short(hasher(entry["type"], name, size))

@@ -6,27 +6,27 @@ import sys
 
 import numpy as np
 
-from .who_hash import (
-    _describe_comm,
-    _feed_array,
-    _feed_tensor,
-    _hasher,
-    _is_comm,
-    _module_digest,
-    _short,
+from .hashing import (
+    describe_comm,
+    feed_array,
+    feed_tensor,
+    hasher,
+    is_comm,
+    module_digest,
+    short,
 )
-from .who_text import MB, _size
+from .text import MB, size_text
 
 
-def _hash_object(value, entry, budget):
+def hash_object(value, entry, budget):
     """Hash *value* through pickle, cut off after *budget.pickle_limit* bytes."""
-    digest = _hasher(entry["type"], entry["shape"], entry["dtype"])
+    digest = hasher(entry["type"], entry["shape"], entry["dtype"])
     pickler = _Pickler(digest, budget)
     try:
         pickler.dump(value)
     except _Stop:
-        entry["hash"] = _short(digest)
-        entry["note"] = f"first {_size(budget.pickle_limit)} pickled"
+        entry["hash"] = short(digest)
+        entry["note"] = f"first {size_text(budget.pickle_limit)} pickled"
         return
     except _Unhashable as exc:
         entry["note"] = str(exc)
@@ -34,7 +34,7 @@ def _hash_object(value, entry, budget):
     except Exception as exc:  # noqa: BLE001 - unpicklable objects raise TypeError, PicklingError, anything else
         entry["note"] = f"not hashed: cannot be pickled ({type(exc).__name__})"
         return
-    entry["hash"], entry["note"] = _short(digest), budget.cut_note()
+    entry["hash"], entry["note"] = short(digest), budget.cut_note()
 
 
 class _Stop(Exception):
@@ -74,26 +74,26 @@ class _Pickler(pickle.Pickler):
             return None  # the common case first: a Python call per object is most of the cost
         torch = sys.modules.get("torch")
         if isinstance(obj, np.ndarray) and not obj.dtype.hasobject:
-            digest = _hasher(obj.shape, str(obj.dtype))
-            _feed_array(digest, obj, self.budget)
+            digest = hasher(obj.shape, str(obj.dtype))
+            feed_array(digest, obj, self.budget)
             return "ndarray:" + digest.hexdigest()
         if torch is not None and isinstance(obj, torch.Tensor):
-            digest = _hasher(tuple(obj.shape), str(obj.dtype))
-            why = _feed_tensor(digest, obj, self.budget)
+            digest = hasher(tuple(obj.shape), str(obj.dtype))
+            why = feed_tensor(digest, obj, self.budget)
             if why:
                 raise _Unhashable(why)
             return "tensor:" + digest.hexdigest()
         if torch is not None and isinstance(obj, torch.nn.Module):
-            digest, why = _module_digest(obj, self.budget)
+            digest, why = module_digest(obj, self.budget)
             if why:
                 raise _Unhashable(why)
             return "module:" + digest.hexdigest()
         if isinstance(obj, (bytes, bytearray)):
-            digest = _hasher(type(obj).__name__, len(obj))
+            digest = hasher(type(obj).__name__, len(obj))
             digest.update(memoryview(obj)[: self.budget.take(len(obj))])
             return f"{type(obj).__name__}:{digest.hexdigest()}"
         if isinstance(obj, str):  # a long one, encoded a MB at a time until the budget is spent
-            digest = _hasher("str", len(obj))
+            digest = hasher("str", len(obj))
             for start in range(0, len(obj), MB):
                 chunk = obj[start:start + MB].encode("utf-8", "surrogatepass")
                 taken = self.budget.take(len(chunk))
@@ -103,9 +103,9 @@ class _Pickler(pickle.Pickler):
             return f"str:{digest.hexdigest()}"
         if isinstance(obj, (set, frozenset)):
             return type(obj).__name__, self._members(obj)
-        if _is_comm(obj):
+        if is_comm(obj):
             entry = {"type": type(obj).__name__}
-            _describe_comm(obj, entry)
+            describe_comm(obj, entry)
             return "comm:" + entry["hash"]
         return None
 
@@ -119,7 +119,7 @@ class _Pickler(pickle.Pickler):
             return tuple(sorted(members))  # pickled as it is (no persistent ids): plain members only
         digests = []
         for member in members:
-            digest = _hasher()
+            digest = hasher()
             _Pickler(digest, self.budget).dump(member)
             digests.append(digest.hexdigest())
         return tuple(sorted(digests))
