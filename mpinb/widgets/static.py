@@ -79,7 +79,7 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
     """One chart per metric of *runs* (a row of up to three per line), one curve per rank in its colour, a
     marker where a rank's value first became NaN or infinite. *log*: ``{(run, name): bool}`` from the live
     view; by default a metric whose positive values span more than three decades is drawn on a log scale."""
-    from ..notebook.history import decimate
+    from .decimation import decimate
     from ..rank.report import DEFAULT_RUN
 
     charts = [(run, name) for run in runs for name in history.names.get(run, [])]
