@@ -251,13 +251,13 @@ def heatmap_figure(rows, columns, values, *, title, label):
 def grads_bundle(reports, *, most=6):
     """``%mpi grads``: the heatmap of gradient norms, the table with flags, and the per-rank gradient
     histograms of the flagged layers (else the first ones), *most* of them."""
-    from .grads import _ratio, _table_html, grads_text
+    from .grads import grads_table_html, grads_text, norm_ratio
 
     ranks = sorted(reports[0].norm) if reports else []
     with_grads = [r for r in reports if r.grad_norm]
     images, parts = [], []
     if with_grads:
-        ratio = [[_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]
+        ratio = [[norm_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]
         heat = heatmap_png([r.layer for r in with_grads], [f"rank {rank}" for rank in ranks], ratio,
                            title="gradient norm per layer and rank", label="÷ the layer's\nmedian rank")
         chosen = [r for r in with_grads if r.flags] or with_grads
@@ -270,7 +270,7 @@ def grads_bundle(reports, *, most=6):
             which = "flagged layers" if any(r.flags for r in with_grads) else "layers"
             parts.append(f"<div style='font-size:12px'>gradient histograms per rank, {which}{more}:</div>")
             parts.append(img(hist, "gradient histograms"))
-    parts.append(_table_html(reports))
+    parts.append(grads_table_html(reports))
     return bundle(grads_text(reports), parts, images)
 
 
