@@ -9,8 +9,8 @@ import pytest
 
 from mpinb.notebook.history import History
 from mpinb.widgets.grads import grads_table_html, grads_widget
+from mpinb.notebook.leaf_reports import inspect_gathered
 from mpinb.widgets.inspector import (
-    inspect_gathered,
     inspector_text,
     inspector_widget,
     rows,

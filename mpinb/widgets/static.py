@@ -277,9 +277,9 @@ def grads_bundle(reports, *, most=6):
 def inspector_bundle(reports, *, most=6):
     """The tensor inspector: the verdict of every gathered leaf, each leaf's per-rank table, and the per-rank
     histograms of the leaves that have them (those that differ first), *most* of them."""
-    from .inspector import _rank_table_html, _summary_html, inspector_text
+    from .inspector import inspector_summary_html, inspector_text, leaf_table_html
 
-    parts = [_summary_html(reports)]
+    parts = [inspector_summary_html(reports)]
     with_histograms = [r for r in reports if any("histogram" in s for s in r.stats.values())]
     with_histograms.sort(key=lambda r: r.identical)
     panels = [(r.label, {rank: s.get("histogram") for rank, s in r.stats.items()}) for r in with_histograms[:most]]
@@ -288,7 +288,7 @@ def inspector_bundle(reports, *, most=6):
         parts.append(img(hist, "histograms per rank"))
     for report in reports:
         parts.append(f"<div style='margin-top:6px'><code>{html.escape(report.label)}</code>: "
-                     f"{html.escape(report.verdict)}</div>{_rank_table_html(report)}")
+                     f"{html.escape(report.verdict)}</div>{leaf_table_html(report)}")
     return bundle(inspector_text(reports), parts, [hist] if hist else [])
 
 
