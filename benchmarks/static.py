@@ -23,11 +23,11 @@ import numpy as np
 from results import publish
 
 from mpinb.notebook.history import History
+from mpinb.notebook.leaf_reports import inspect_gathered
 from mpinb.notebook.traces import frame, summarize
 from mpinb.rank.gather import leaf_stats
 from mpinb.widgets import static, timeline
 from mpinb.widgets.grads import grad_report
-from mpinb.widgets.inspector import inspect_gathered
 
 MARK = "<!-- static renderings -->"
 BUDGET = 0.150  # seconds per chart

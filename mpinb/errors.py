@@ -1,15 +1,10 @@
 """The exceptions users see: one error for a cell, naming every failing rank, rendered like IPython's."""
 
+from .wire.failures import MPIError, MpinbError
 from .wire.ranks import label_ranks
 
-
-class MpinbError(Exception):
-    """Every error mpinb raises on purpose. Its message says what happened and what to do; IPython shows it
-    without mpinb's own frames (``_render_traceback_``), and the magics show :class:`BadArguments` and
-    :class:`NoMPI` as the one-line ``UsageError`` of a magic."""
-
-    def _render_traceback_(self):
-        return [f"\x1b[1;31m{type(self).__name__}\x1b[0m: {self}"]
+__all__ = ["MpinbError", "BadArguments", "NoMPI", "MPIError", "RankLost", "RankError", "Interrupted", "GatherError",
+           "StartInterrupted"]
 
 
 class BadArguments(MpinbError, ValueError):
@@ -18,10 +13,6 @@ class BadArguments(MpinbError, ValueError):
 
 class NoMPI(MpinbError):
     """No usable MPI: no launcher, no library mpi4py can load, or a launcher and a library of different MPIs."""
-
-
-class MPIError(MpinbError):
-    """The MPI world itself went wrong or is not there: it did not start, it stopped, a rank of it died."""
 
 
 class RankLost(MpinbError):

@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 
+from mpinb.notebook.leaf_reports import inspect_gathered
 from mpinb.rank.gather import collect
 from mpinb.rank.report import AgentSink, Recorder
-from mpinb.widgets.inspector import inspect_gathered, inspector_text
+from mpinb.widgets.inspector import inspector_text
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -9,9 +9,10 @@ import torch
 from IPython.core.error import UsageError
 
 from mpinb.errors import GatherError, RankError
+from mpinb.notebook.leaf_reports import inspect_gathered
 from mpinb.notebook.perrank import PerRank
 from mpinb.widgets.grads import grads_widget
-from mpinb.widgets.inspector import inspect_gathered, inspector_widget
+from mpinb.widgets.inspector import inspector_widget
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 

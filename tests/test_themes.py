@@ -228,7 +228,7 @@ def test_static_charts_keep_their_texts_apart_on_an_opaque_background():
 
 
 def test_a_nan_leaf_is_said_to_hold_nan_not_to_differ_by_nan():
-    from mpinb.widgets.inspector import inspect_gathered
+    from mpinb.notebook.leaf_reports import inspect_gathered
 
     y = {rank: np.ones(10) for rank in range(3)}
     y[2][3] = np.nan

@@ -19,6 +19,8 @@ from mpinb.widgets.timeline import (
     timeline_bundle,
     timeline_figure,
 )
+from mpinb.widgets.trace_rows import label
+from mpinb.widgets.trace_summary import HIGHLIGHT, summary_html, summary_text
 
 MS = 1_000_000  # nanoseconds
 T0 = 5_000_000_000_000  # a perf_counter_ns() of a long-running host
@@ -84,7 +86,7 @@ def test_clocks_align_hosts_and_dropped_spans_are_said():
     summary = tr.summarize(trace)
     assert [row["rank"] for row in summary.per_rank] == [0, 1, 2, 3] and summary.per_rank[3]["calls"] == 0
     assert summary.notes == ["rank 1's trace buffer was full: its 12 oldest calls are missing"]
-    assert summary.notes[0] in tr.summary_text(summary) and "12 oldest" in tr.summary_html(summary)
+    assert summary.notes[0] in summary_text(summary) and "12 oldest" in summary_html(summary)
     assert sorted(TimelineWidget(trace, summary).drawn) == [0, 1, 2, 3]
 
 
@@ -131,11 +133,11 @@ def test_straggler_named_per_step():
     assert rows[0]["comm_share"] > rows[2]["comm_share"]
     assert rows[0]["calls"] == 200 and rows[0]["sent"] == 200 * 32
     assert rows[0]["slowest"] == "Allreduce 31 ms"
-    text = tr.summary_text(summary)
+    text = summary_text(summary)
     assert text.splitlines()[0] == summary.sentence
     assert len(text.splitlines()) == 1 + 1 + 4 and "straggler" in text.splitlines()[4]
-    page = tr.summary_html(summary)
-    assert page.count("<tr") == 5 and page.count(f"background:{tr.HIGHLIGHT}") == 1
+    page = summary_html(summary)
+    assert page.count("<tr") == 5 and page.count(f"background:{HIGHLIGHT}") == 1
 
 
 def test_straggler_per_call_without_step_markers():
@@ -149,7 +151,7 @@ def test_balanced_trace_names_nobody():
     assert summary.straggler is None
     assert summary.sentence.startswith("no rank held the others up")
     assert "at 200 collectives" in summary.sentence
-    assert "straggler" not in tr.summary_text(summary)
+    assert "straggler" not in summary_text(summary)
 
 
 def test_small_delays_are_not_a_straggler():
@@ -183,7 +185,7 @@ def test_timeline_decimates_drawing_not_data():
     spans = training(ranks=4, steps=10_000, late=2, delay=MS // 2, compute=2 * MS, call=MS // 10)
     trace = tr.frame(spans)
     assert len(trace) == 4 * 2 * 10_000
-    view = TimelineWidget(trace, max_segments=500)
+    view = TimelineWidget(trace, tr.summarize(trace), max_segments=500)
     assert len(view.trace) == len(trace)
     assert view.figure in view.widget.children
     assert view.y_scale.reverse and view.figure.axes[1].label == "rank"
@@ -308,7 +310,7 @@ def test_the_static_rendering_is_an_opaque_picture_of_the_folded_steps(tmp_path)
     summary = tr.summarize(trace)
     data = timeline_bundle(trace, summary)
     assert set(data) == {"text/plain", "text/html", "image/png"}
-    assert data["text/plain"] == tr.summary_text(summary)
+    assert data["text/plain"] == summary_text(summary)
     path = tmp_path / "timeline.png"
     path.write_bytes(base64.b64decode(data["image/png"]))
     image = Image.open(path)
@@ -342,7 +344,7 @@ def test_mpinb_s_own_checks_are_labelled_and_the_users_call_is_blamed():
     assert "allgather" not in summary.sentence
     (note,) = summary.notes
     assert note.startswith("mpinb's own checks (allgather inside allreduce_gradients, broadcast_parameters)")
-    assert tr.label("allgather", "mpinb") == "mpinb check (allgather)" and tr.label("allgather", "collective") \
+    assert label("allgather", "mpinb") == "mpinb check (allgather)" and label("allgather", "collective") \
         == "allgather"
     rows = {row["rank"]: row for row in summary.per_rank}
     assert rows[0]["slowest"].startswith("allreduce_gradients ")
@@ -420,7 +422,7 @@ def test_the_timelines_text_reads_in_jupyterlab_light_and_dark():
     fixed colour (a rank's colour is a box beside its number)."""
     trace = tr.frame(after_idle())
     summary = tr.summarize(trace)
-    for page in (tr.summary_html(summary), legend_html(Drawing(trace, summary))):  # each text on each ground
+    for page in (summary_html(summary), legend_html(Drawing(trace, summary))):  # each text on each ground
         styles = re.findall(r"style='([^']*)'", page)
         texts = {m for style in styles for m in re.findall(r"(?:^|;)color:([^;]+)", style)}
         grounds = {m for style in styles if "inline-block" not in style  # a swatch is no background to text
@@ -448,7 +450,7 @@ def test_mpi_trace_shows_the_zoomable_timeline_with_the_static_one_as_fallback(i
         ip.run_line_magic("mpi", "trace")
     (shown,) = [output.data for output in captured.outputs]
     assert set(shown) == {"application/vnd.jupyter.widget-view+json", "image/png", "text/html", "text/plain"}
-    assert shown["text/plain"] == tr.summary_text(tr.summarize(trace))
+    assert shown["text/plain"] == summary_text(tr.summarize(trace))
     monkeypatch.setattr(magics, "live_view", "text")
     with capture_output() as captured:
         ip.run_line_magic("mpi", "trace")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mpinb.notebook.history import History
-from mpinb.widgets.grads import _table_html, grads_widget
+from mpinb.widgets.grads import grads_table_html, grads_widget
+from mpinb.notebook.leaf_reports import inspect_gathered
 from mpinb.widgets.inspector import (
-    inspect_gathered,
     inspector_text,
     inspector_widget,
     rows,
@@ -163,7 +163,7 @@ model(torch.randn(8, 3)).sum().backward()
     flag = reports[0].flags[0]
     assert flag.startswith("weights differ on rank 1: different initial seeds")
     assert all(flag in report.flags for report in reports)
-    table = _table_html(reports)
+    table = grads_table_html(reports)
     assert table.count("different initial seeds") == 1 and "[1] on 6 layers: weights differ on rank 1:" in table
     assert table.count("[1] weights differ on rank 1<") == 6
 

@@ -47,8 +47,9 @@ class Inspecting:
             print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
         elif self._view() == "widgets":  # zoomable while the kernel lives; the static rendering for the file
             from ..widgets import timeline
+            from .traces import summarize
 
-            timeline.show(self.last_trace)
+            timeline.show(self.last_trace, summarize(self.last_trace))
         else:
             show_trace(self.last_trace, view=self._view())
 

@@ -194,7 +194,8 @@ class LiveTrace:
 
 def show_trace(trace, summary=None, *, view):
     """Display *trace*: the timeline widget and summary table in a notebook, the summary as text elsewhere."""
-    from .traces import summarize, summary_text
+    from ..widgets import trace_summary
+    from .traces import summarize
 
     summary = summary or summarize(trace)
     if view == "widgets":
@@ -204,4 +205,4 @@ def show_trace(trace, summary=None, *, view):
         views.show_at_end(lambda: TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary),
                           name="timeline")
     elif view == "text":
-        print(summary_text(summary))
+        print(trace_summary.summary_text(summary))

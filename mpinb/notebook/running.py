@@ -127,11 +127,8 @@ class Running:
         return next((rank for rank in self.world.ranks if self.world.on_this_host([rank])), 0)
 
     def _show_inspector(self, result):
-        from ..widgets.inspector import (
-            inspect_gathered,
-            inspector_text,
-            inspector_widget,
-        )
+        from ..widgets.inspector import inspector_text, inspector_widget
+        from .leaf_reports import inspect_gathered
 
         reports = inspect_gathered(result.gathered, result.gather_stats)
         if in_notebook(self.shell):

@@ -2,18 +2,16 @@
 
 import collections
 import dataclasses
-import html
 
 import numpy as np
 import pandas as pd
 
 from ..rank import chrome
-from ..widgets.colors import rank_color
-from ..widgets.text import aligned
+from ..widgets.text import duration
+from ..widgets.trace_rows import MPINB, label, nesting, traced_ranks
 
 COLUMNS = ["rank", "op", "comm", "peer", "bytes", "start", "end", "seq", "kind", "sent", "received", "detail"]
 BLOCKING = ("collective", "torch")  # kinds whose calls every member enters and waits in
-MPINB = "mpinb"  # the kind of mpinb's own checks (the agreement allgather before each mpinb.torch call)
 MIN_WAIT = 1e-3  # seconds the others must wait per collective, on average, before a rank is called a straggler
 
 
@@ -150,6 +148,8 @@ class Summary:
         Collectives matched across at least two ranks.
     notes : list of str
         What else the reader must know, such as calls a rank's buffer dropped.
+    waits : pandas.DataFrame or None
+        Where each rank waited for a later one (:func:`waits`), which the timeline draws over its calls.
     """
 
     straggler: object
@@ -157,21 +157,7 @@ class Summary:
     per_rank: list
     collectives: int = 0
     notes: list = dataclasses.field(default_factory=list)
-
-
-def label(op, kind):
-    """What an operation is called where it is shown: ``mpinb check (allgather)`` for mpinb's own checks."""
-    return f"mpinb check ({op})" if kind == MPINB else op
-
-
-def labels(trace):
-    """:func:`label` of every row of *trace*, as a numpy array of str."""
-    ops = trace["op"].to_numpy(dtype=object)
-    own = (trace["kind"] == MPINB).to_numpy()
-    if own.any():
-        ops = ops.copy()
-        ops[own] = [label(op, MPINB) for op in ops[own]]
-    return ops
+    waits: object = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def _arrivals(trace):
@@ -213,22 +199,22 @@ def summarize(trace):
     """
     matched = _arrivals(trace)
     groups = matched.groupby(["comm", "seq"], sort=False) if len(matched) else None
-    waits = collections.Counter()  # rank -> seconds waited, in every matched collective
+    waited = collections.Counter()  # rank -> seconds waited, in every matched collective
     last_of = {}  # group -> (last rank, op)
     spreads = []
     if groups is not None:
-        waits.update(matched.groupby("rank")["wait"].sum().to_dict())
+        waited.update(matched.groupby("rank")["wait"].sum().to_dict())
         last = matched.loc[groups["start"].idxmax()]
         last_of = {(row.comm, row.seq): (int(row.rank), row.op) for row in last.itertuples(index=False)}
         spreads = (groups["start"].max() - groups["start"].min()).to_numpy()
     last_counts = collections.Counter(rank for rank, _ in last_of.values())
-    per_rank = [_rank_row(trace, rank, waits.get(rank, 0.0), last_counts.get(rank, 0))
+    per_rank = [_rank_row(trace, rank, waited.get(rank, 0.0), last_counts.get(rank, 0))
                 for rank in traced_ranks(trace)]
     dropped = getattr(trace, "dropped", None) or {}
     notes = [f"rank {rank}'s trace buffer was full: its {count} oldest calls are missing"
              for rank, count in sorted(dropped.items())]
     notes += _own_checks_note(trace)
-    summary = Summary(None, "", per_rank, len(last_of), notes)
+    summary = Summary(None, "", per_rank, len(last_of), notes, waits(trace, matched))
     if not last_of:
         blocking = trace["kind"].isin(BLOCKING).any()
         summary.sentence = ("no collective was traced on more than one rank" if blocking
@@ -244,7 +230,7 @@ def summarize(trace):
         summary.straggler = candidate
         summary.sentence = _straggler_sentence(trace, candidate, last_of, others, total, pairs)
     else:
-        summary.sentence = _balanced_sentence(last_of, last_counts, spreads, waits, len(matched) - len(last_of))
+        summary.sentence = _balanced_sentence(last_of, last_counts, spreads, waited, len(matched) - len(last_of))
     return summary
 
 
@@ -263,39 +249,18 @@ def _own_checks_note(trace):
             "for (a rank that arrives early waits in them)"]
 
 
-def traced_ranks(trace):
-    """Every rank of *trace*: those with spans and those traced without any."""
-    return sorted({int(rank) for rank in trace["rank"].unique()} | set(getattr(trace, "ranks", None) or ()))
-
-
 def _matched(trace):
     """The rows of collectives worth matching: outermost calls of kind collective/torch with a seq."""
     keep = []
     for _, spans in trace.groupby("rank", sort=False):
         calls = spans[spans["kind"] != "step"]
-        nested, _ = _nesting(calls["start"].to_numpy(), calls["end"].to_numpy())
+        nested, _ = nesting(calls["start"].to_numpy(), calls["end"].to_numpy())
         blocking = calls["kind"].isin(BLOCKING) & calls["seq"].notna()
         blocking = blocking.to_numpy()
         keep.append(calls[blocking & ~nested])
     if not keep:
         return trace.iloc[:0]
     return pd.concat(keep)
-
-
-def _nesting(starts, ends):
-    """``(nested, holders)`` for intervals of one rank: whether each lies inside an earlier-starting (or
-    same-start, longer) one, and the index of the one reaching furthest before it (the one it is nested in)."""
-    n = len(starts)
-    if n < 2:
-        return np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64)
-    order = np.lexsort((-ends, starts))
-    sorted_ends = ends[order]
-    reach = np.maximum.accumulate(sorted_ends)
-    nested, holders = np.zeros(n, dtype=bool), np.empty(n, dtype=np.int64)
-    nested[order[1:]] = sorted_ends[1:] <= reach[:-1]
-    furthest = np.maximum.accumulate(np.where(sorted_ends >= reach, np.arange(n), 0))
-    holders[order] = order[np.concatenate([[0], furthest[:-1]])]
-    return nested, holders
 
 
 def union_length(starts, ends):
@@ -318,7 +283,7 @@ def _rank_row(trace, rank, waited, last):
     comm = min(union_length(starts, ends), wall)
     # bytes of the calls the code made: a call wrapping others (torch over MPI) counts the larger of its own
     # bytes and theirs, so the pair counts once
-    nested, holders = _nesting(starts, ends)
+    nested, holders = nesting(starts, ends)
     moved = {field: _outer_sum(calls[field].to_numpy(), nested, holders) for field in ("sent", "received")}
     slowest = ""
     if len(calls):
@@ -369,79 +334,6 @@ def _balanced_sentence(last_of, last_counts, spreads, waits, pairs):
     rank, count = last_counts.most_common(1)[0]
     return (f"no single rank held the others up: the ranks arrived up to {spread} apart at {n} {noun} and "
             f"waited {duration(mean)} per call on average; rank {rank} arrived last most often ({count} of {n})")
-
-
-def duration(seconds):
-    """Seconds as short text: ``1.25 s``, ``29 ms``, ``2.9 ms``, ``0.3 ms``, ``45 µs``."""
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    ms = seconds * 1e3
-    if ms >= 10:
-        return f"{ms:.0f} ms"
-    if ms >= 0.1:
-        return f"{ms:.1f} ms"
-    return f"{seconds * 1e6:.0f} µs"
-
-
-def size(count):
-    """Bytes as short text: ``512 B``, ``8.0 KiB``, ``1.2 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count} B" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return ""
-
-
-def _cells(summary):
-    header = ["rank", "calls", "comm", "compute", "comm %", "sent", "received", "waited", "slowest", "notes"]
-    rows = []
-    for row in summary.per_rank:
-        note = "straggler" if row["rank"] == summary.straggler else ""
-        rows.append((row["rank"], [str(row["rank"]), str(row["calls"]), duration(row["comm_seconds"]),
-                                   duration(row["compute_seconds"]), f"{100 * row['comm_share']:.0f}%",
-                                   size(row["sent"]), size(row["received"]), duration(row["waited"]),
-                                   row["slowest"], note]))
-    return header, rows
-
-
-def summary_text(summary):
-    """The sentence, then an aligned table with one line per rank (for terminals)."""
-    header, rows = _cells(summary)
-    return "\n".join([summary.sentence, *summary.notes, *aligned([header] + [cells for _, cells in rows])])
-
-
-# Colours of the HTML (the table here, the timeline's legend): JupyterLab's own, so that text reads in its light
-# and dark themes alike (WCAG AA, 4.5:1), with fallbacks that read together wherever those are not defined
-# (nbconvert's HTML, nbviewer): the text's colour is always set with the background it is read on.
-TEXT = "var(--jp-content-font-color1,#1a1a1a)"
-MUTED = "var(--jp-content-font-color2,#595959)"  # secondary text: 4.6:1 in JupyterLab Light, 9:1 in Dark
-BACKGROUND = "var(--jp-layout-color0,#fff)"
-HIGHLIGHT = "var(--jp-rendermime-error-background,#fdd)"  # the straggler's row (what error output reads on)
-PANEL = f"color:{TEXT};background:{BACKGROUND}"
-
-
-def swatch(color, *, width=10, height=10):
-    """A small box of *color* (a rank's, an operation's) to go with a label in the text's colour: coloured text
-    cannot read in a light and a dark theme both."""
-    return (f"<span style='display:inline-block;width:{width}px;height:{height}px;background:{color};"
-            f"vertical-align:middle;margin-right:4px'></span>")
-
-
-def summary_html(summary):
-    """The same as an HTML table under the sentence, each rank with a box in its colour and the straggler's row
-    highlighted, in JupyterLab's text and background colours."""
-    header, rows = _cells(summary)
-    head = "".join(f"<th style='text-align:left;padding:0 12px 0 0'>{html.escape(h)}</th>" for h in header)
-    body = []
-    for rank, cells in rows:
-        style = f" style='background:{HIGHLIGHT}'" if rank == summary.straggler else ""
-        tds = [f"<td style='padding:0 12px 0 0;white-space:nowrap'>{swatch(rank_color(rank))}<b>{cells[0]}</b></td>"]
-        tds += [f"<td style='padding:0 12px 0 0'>{html.escape(cell)}</td>" for cell in cells[1:]]
-        body.append(f"<tr{style}>{''.join(tds)}</tr>")
-    return (f"<table style='border-collapse:collapse;font-family:monospace;font-size:12px;{PANEL}'>"
-            f"<caption style='text-align:left;{PANEL}'>"
-            f"{'<br>'.join(map(html.escape, [summary.sentence, *summary.notes]))}</caption>"
-            f"<tr>{head}</tr>{''.join(body)}</table>")
 
 
 def _optional(value):

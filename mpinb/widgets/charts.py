@@ -12,10 +12,10 @@ import numpy as np
 from bqplot.traits import array_dimension_bounds, array_from_json, array_squeeze, array_to_json
 from traittypes import Array
 
-from ..notebook.history import decimate
 from ..rank.report import DEFAULT_RUN
 from ..wire.ranks import label_ranks
 from .colors import TEXT, chip_style, identical_groups, rank_color, stacked_widths
+from .decimation import decimate
 from .summary import summary_html
 
 LEGEND_TEXT = {"fill": TEXT}  # legend entries in the theme's text colour (bqplot writes them in the curve's)

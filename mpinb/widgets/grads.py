@@ -155,7 +155,7 @@ def grads_widget(reports):
 
     ranks = sorted(reports[0].norm) if reports else []
     with_grads = [r for r in reports if r.grad_norm]
-    ratio = np.array([[_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]) if with_grads else None
+    ratio = np.array([[norm_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]) if with_grads else None
     heatmap = None
     if ratio is not None:
         scales = {"row": bqplot.OrdinalScale(reverse=True), "column": bqplot.OrdinalScale(),
@@ -177,7 +177,7 @@ def grads_widget(reports):
                                 fig_margin={"top": 40, "bottom": 30, "left": left, "right": right},
                                 layout=w.Layout(width=f"{left + plot_width + right}px",
                                                 height=f"{40 + plot_height + 30}px"))
-    table = w.HTML(_table_html(reports))
+    table = w.HTML(grads_table_html(reports))
     chooser = w.Dropdown(options=[r.layer for r in with_grads], description="layer", layout=w.Layout(width="auto"))
     histogram = histogram_figure("gradient histogram per rank", "gradient", "480px")
     legend = w.HTML()
@@ -200,7 +200,7 @@ def grads_widget(reports):
     return box
 
 
-def _table_html(reports):
+def grads_table_html(reports):
     """The verdict, one note per flag that several layers share, and the table (rows point to shared notes)."""
     ranks = sorted(reports[0].norm) if reports else []
     shared = _shared_flags(reports)
@@ -240,7 +240,7 @@ def _head(flag):
     return flag.split(":", 1)[0]
 
 
-def _ratio(norms, rank):
+def norm_ratio(norms, rank):
     """*rank*'s norm ÷ the median of the ranks' finite norms (NaN where either is missing or not finite)."""
     finite = [norm for norm in norms.values() if math.isfinite(norm)]
     value = norms.get(rank, math.nan)

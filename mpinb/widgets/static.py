@@ -79,7 +79,7 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
     """One chart per metric of *runs* (a row of up to three per line), one curve per rank in its colour, a
     marker where a rank's value first became NaN or infinite. *log*: ``{(run, name): bool}`` from the live
     view; by default a metric whose positive values span more than three decades is drawn on a log scale."""
-    from ..notebook.history import decimate
+    from .decimation import decimate
     from ..rank.report import DEFAULT_RUN
 
     charts = [(run, name) for run in runs for name in history.names.get(run, [])]
@@ -251,13 +251,13 @@ def heatmap_figure(rows, columns, values, *, title, label):
 def grads_bundle(reports, *, most=6):
     """``%mpi grads``: the heatmap of gradient norms, the table with flags, and the per-rank gradient
     histograms of the flagged layers (else the first ones), *most* of them."""
-    from .grads import _ratio, _table_html, grads_text
+    from .grads import grads_table_html, grads_text, norm_ratio
 
     ranks = sorted(reports[0].norm) if reports else []
     with_grads = [r for r in reports if r.grad_norm]
     images, parts = [], []
     if with_grads:
-        ratio = [[_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]
+        ratio = [[norm_ratio(r.grad_norm, rank) for rank in ranks] for r in with_grads]
         heat = heatmap_png([r.layer for r in with_grads], [f"rank {rank}" for rank in ranks], ratio,
                            title="gradient norm per layer and rank", label="÷ the layer's\nmedian rank")
         chosen = [r for r in with_grads if r.flags] or with_grads
@@ -270,16 +270,16 @@ def grads_bundle(reports, *, most=6):
             which = "flagged layers" if any(r.flags for r in with_grads) else "layers"
             parts.append(f"<div style='font-size:12px'>gradient histograms per rank, {which}{more}:</div>")
             parts.append(img(hist, "gradient histograms"))
-    parts.append(_table_html(reports))
+    parts.append(grads_table_html(reports))
     return bundle(grads_text(reports), parts, images)
 
 
 def inspector_bundle(reports, *, most=6):
     """The tensor inspector: the verdict of every gathered leaf, each leaf's per-rank table, and the per-rank
     histograms of the leaves that have them (those that differ first), *most* of them."""
-    from .inspector import _rank_table_html, _summary_html, inspector_text
+    from .inspector import inspector_summary_html, inspector_text, leaf_table_html
 
-    parts = [_summary_html(reports)]
+    parts = [inspector_summary_html(reports)]
     with_histograms = [r for r in reports if any("histogram" in s for s in r.stats.values())]
     with_histograms.sort(key=lambda r: r.identical)
     panels = [(r.label, {rank: s.get("histogram") for rank, s in r.stats.items()}) for r in with_histograms[:most]]
@@ -288,7 +288,7 @@ def inspector_bundle(reports, *, most=6):
         parts.append(img(hist, "histograms per rank"))
     for report in reports:
         parts.append(f"<div style='margin-top:6px'><code>{html.escape(report.label)}</code>: "
-                     f"{html.escape(report.verdict)}</div>{_rank_table_html(report)}")
+                     f"{html.escape(report.verdict)}</div>{leaf_table_html(report)}")
     return bundle(inspector_text(reports), parts, [hist] if hist else [])
 
 

@@ -24,20 +24,9 @@ import ipywidgets as w
 import numpy as np
 import pandas as pd
 
-from ..notebook.traces import (
-    MPINB,
-    MUTED,
-    PANEL,
-    _nesting,
-    duration,
-    labels,
-    summarize,
-    summary_html,
-    summary_text,
-    swatch,
-    traced_ranks,
-    waits,
-)
+from .text import duration
+from .trace_rows import MPINB, labels, nesting, traced_ranks
+from .trace_summary import MUTED, PANEL, summary_html, summary_text, swatch
 
 # one colour per operation, in order of the time spent in it (ColorBrewer Dark2, Set1 less its red, then greys)
 OP_PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#377eb8",
@@ -212,9 +201,9 @@ class Drawing:
         checks after the cell's calls.
     """
 
-    def __init__(self, trace, summary=None):
+    def __init__(self, trace, summary):
         self.trace = trace
-        self.summary = summarize(trace) if summary is None else summary
+        self.summary = summary
         self.ranks = traced_ranks(trace)
         self.straggler = self.summary.straggler
         self.fold = Folding.of(trace)
@@ -225,7 +214,7 @@ class Drawing:
         starts, ends = calls["start"].to_numpy(dtype=np.float64), calls["end"].to_numpy(dtype=np.float64)
         for rank in np.unique(rank_of):
             mine = np.flatnonzero(rank_of == rank)
-            nested[mine] = _nesting(starts[mine], ends[mine])[0]
+            nested[mine] = nesting(starts[mine], ends[mine])[0]
         spent = pd.Series(ends - starts).groupby(names).sum() if len(calls) else pd.Series(dtype=np.float64)
         own = set(names[(calls["kind"] == MPINB).to_numpy()]) if len(calls) else set()
         self.ops = sorted(spent.index, key=lambda op: (op in own, -spent[op], op))  # the cell's calls first
@@ -240,7 +229,7 @@ class Drawing:
                 of_op = rows[rows["op"] == op]
                 if len(of_op):
                     self.series.append((layer, op, self.colors[op], _lanes(of_op)))
-        waited = waits(trace)
+        waited = summary.waits if summary.waits is not None else pd.DataFrame({"rank": [], "start": [], "end": []})
         self.waited = float((waited["end"] - waited["start"]).sum()) if len(waited) else 0.0
         if len(waited):
             waited = waited.assign(start=self.fold.fold(waited["start"].to_numpy()),
@@ -280,8 +269,8 @@ class TimelineWidget:
     ----------
     trace : Trace
         The spans (from :func:`mpinb.notebook.traces.frame`); only read here.
-    summary : Summary, optional
-        From :func:`mpinb.notebook.traces.summarize`; computed when not given.
+    summary : Summary
+        From :func:`mpinb.notebook.traces.summarize`: the straggler, the table and the waits drawn in red.
     max_segments : int, default 2000
         Bars drawn per rank's lane at most; closer calls of one operation are merged into one bar for drawing.
 
@@ -302,10 +291,10 @@ class TimelineWidget:
     Example::
 
         trace = mpinb.notebook.traces.frame(spans_by_rank)
-        display(TimelineWidget(trace).widget)
+        display(TimelineWidget(trace, mpinb.notebook.traces.summarize(trace)).widget)
     """
 
-    def __init__(self, trace, summary=None, *, max_segments=2000):
+    def __init__(self, trace, summary, *, max_segments=2000):
         self.trace, self.max_segments = trace, max_segments
         self.drawing = drawing = Drawing(trace, summary)
         self.summary, self.ranks, self.ops, self.colors = drawing.summary, drawing.ranks, drawing.ops, drawing.colors
@@ -479,7 +468,7 @@ NESTED_POINTS = 4
 INK = "#1a1a1a"  # the PNG's text, on its own white background
 
 
-def timeline_figure(trace, summary=None, *, max_segments=2000, width=900):
+def timeline_figure(trace, summary, *, max_segments=2000, width=900):
     """The whole trace as a matplotlib Figure with its own white background: one lane per rank (the straggler's
     named), its calls as bars (merged below a pixel as the live timeline does), the waits for a later rank in
     red over them, step ticks, the idle stretches folded into labelled bands, and a legend."""
@@ -540,31 +529,29 @@ def timeline_figure(trace, summary=None, *, max_segments=2000, width=900):
     return fig
 
 
-def timeline_png(trace, summary=None, **options):
+def timeline_png(trace, summary, **options):
     """:func:`timeline_figure` as a base64 PNG."""
     from . import static
 
     return static.png(timeline_figure(trace, summary, **options))
 
 
-def timeline_bundle(trace, summary=None):
+def timeline_bundle(trace, summary):
     """The traced cell's timeline (PNG) and its summary (HTML table, and text) as a MIME bundle."""
     from . import static
 
-    summary = summarize(trace) if summary is None else summary
     chart = timeline_png(trace, summary)
     return static.bundle(summary_text(summary),
                          [static.img(chart, "timeline of MPI calls by rank"), summary_html(summary)], [chart])
 
 
-def show(trace, summary=None):
+def show(trace, summary):
     """Display the zoomable timeline of *trace* as an output of its own that stays live while the kernel does,
     with :func:`timeline_bundle` in the same output for renderers without the widget's model (nbconvert,
     nbviewer; a notebook reopened with a new kernel shows the widget's model as missing, as views kept with
     ``keep_widgets`` do). Returns the widget."""
     from IPython.display import display
 
-    summary = summarize(trace) if summary is None else summary
     data = timeline_bundle(trace, summary)
     widget = TimelineWidget(trace, summary).widget
     data[WIDGET] = widget._repr_mimebundle_()[WIDGET]

@@ -14,8 +14,8 @@ import time
 
 import zmq
 
-from ..errors import MPIError
 from . import messages
+from .failures import MPIError
 from .kinds import AskStack, Cell, CellOptions, Hello, Reply, RollCall, Settle, Stack, Stdin
 
 
