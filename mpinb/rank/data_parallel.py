@@ -15,7 +15,7 @@ from . import replicas
 from .agreement import _agree, _digest, _signature
 from .flat_buffers import _buckets, _chunks, _flatten, _mpi_buffer, _unflatten, _wire_buffer
 from .optimizer_state import _optimizer_signature, _share_skeleton, _with_tensors
-from .traced_calls import api_call, own_check
+from .tracing import api_call, own_check
 
 
 class _DefaultRoot(int):
