@@ -3,7 +3,7 @@
     python benchmarks/trace.py [--rounds 60] [--calls 2000] [--blocks 60] [--steps 20] [--markdown PATH]
 
 Arms, side by side in the same ranks (the traced communicator is ``MPI.COMM_WORLD`` after
-``rank/intercept.install``, the untraced one mpi4py's own ``COMM_WORLD`` kept before it):
+``rank/tracing/intercept.install``, the untraced one mpi4py's own ``COMM_WORLD`` kept before it):
   untraced      mpi4py's communicator.
   ledger only   the traced one as on every notebook rank: the ledger and the mirror file on, spans off.
   spans on      the traced one with spans recorded into the ring (``%%mpi --trace``), drained between loops.
@@ -50,10 +50,10 @@ def _setup():
     """mpi4py's COMM_WORLD and Request, then the traced ones, with the mirror file on as on a notebook rank."""
     from mpi4py import MPI
 
-    from mpinb.rank import intercept, tracing
+    from mpinb.rank import tracing
 
     plain, plain_request = MPI.COMM_WORLD, MPI.Request
-    intercept.install(MPI)
+    tracing.install(MPI)
     handle, mirror = tempfile.mkstemp(prefix="mpinb-ledger-bench-")
     os.close(handle)
     tracing.state.mirror_to(mirror)
@@ -252,8 +252,8 @@ def main():
     command = " ".join(["python benchmarks/trace.py"] + [f"--{k} {getattr(args, k)}" for k in
                                                            ("rounds", "calls", "blocks", "steps")])
     header = (f"What noting every MPI call costs under plain mpiexec, medians (`{command}`, {datetime.date.today()}, "
-              f"on {machine}); traced = `MPI.COMM_WORLD` after `rank/intercept.install`, untraced = mpi4py's own, "
-              "in the same ranks, arms interleaved:")
+              f"on {machine}); traced = `MPI.COMM_WORLD` after `rank/tracing/intercept.install`, "
+              "untraced = mpi4py's own, in the same ranks, arms interleaved:")
     table = [MARK, header, "",
              "| case | anchor | mpinb | anchor time | mpinb / anchor |", "|---|---|---|---|---|", *rows, MARK]
     publish("\n".join(table), args.markdown, MARK)

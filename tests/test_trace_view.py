@@ -361,7 +361,7 @@ def test_a_buffer_given_with_its_datatype_says_the_users_dtype_and_count():
     "SUM, 260 x uint8" for 65 float32 gradients."""
     from mpi4py import MPI
 
-    from mpinb.rank.call_arguments import describe
+    from mpinb.rank.tracing.arguments import describe
 
     memory = np.zeros(260, dtype=np.uint8)
     assert describe([memory, 65, MPI.FLOAT]) == (65, "float32", 260)

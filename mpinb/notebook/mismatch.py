@@ -1,4 +1,5 @@
-"""Ranks in different collectives, caught while they wait: a roll call of every rank's ledger (``rank/tracing.py``).
+"""Ranks in different collectives, caught while they wait: a roll call of every rank's ledger
+(``rank/tracing/ledger.py``).
 
 When a rank has waited in one collective longer than ``collective_wait`` seconds it says so; the notebook then
 asks every rank of the cell where it is (its thread answers even while MPI blocks the main thread) and compares
@@ -201,7 +202,7 @@ def waiting_from_mirror(world, rank, states, ranks):
 
 
 def mirror_of(world, rank):
-    """What *rank*'s mirror file says (``rank/tracing.py``), when the rank runs on this host."""
+    """What *rank*'s mirror file says (``rank/tracing/mirror.py``), when the rank runs on this host."""
     path = world.stack_files.get(rank)
     if path is None or not world.on_this_host([rank]):
         return None

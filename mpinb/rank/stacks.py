@@ -24,12 +24,12 @@ from pathlib import Path
 from ..wire import files
 
 SIGNAL = signal.SIGUSR2
-# mpinb's wrappers around MPI calls (rank/intercept.py and the modules it is made of, rank/trace_torch.py), and
+# mpinb's wrappers around MPI calls (the modules of rank/tracing/, rank/trace_torch.py), and
 # the guards that stand in for what a rank must not call (rank/guards.py): not
 # where the user's code is, so left out of the stacks and tracebacks users see
-WRAPPERS = ("mpinb/rank/intercept.py", "mpinb/rank/traced_calls.py", "mpinb/rank/traced_comms.py",
-            "mpinb/rank/call_arguments.py", "mpinb/rank/trace_torch.py", "mpinb/rank/tracing.py",
-            "mpinb/rank/guards.py", "mpinb/rank/trace_ddp.py", "mpinb/rank/sampler_epochs.py")
+WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
+    "intercept", "calls", "comms", "arguments", "ledger", "mirror", "script")) + (
+    "mpinb/rank/trace_torch.py", "mpinb/rank/guards.py", "mpinb/rank/trace_ddp.py", "mpinb/rank/sampler_epochs.py")
 
 _file = None
 _path = None  # the path of _file
@@ -62,7 +62,7 @@ def stderr_path(path):
 
 
 def ledger_path(path):
-    """Where the rank that dumps stacks to *path* mirrors the collective it waits in (``rank/tracing.py``)."""
+    """Where the rank that dumps stacks to *path* mirrors the collective it waits in (``rank/tracing/mirror.py``)."""
     return path.replace("mpinb-stacks-", "mpinb-ledger-")
 
 

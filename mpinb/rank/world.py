@@ -24,7 +24,7 @@ def init_world(namespace=None, *, threads=0):
 
         namespace = get_ipython().user_ns
     from .guards import guard_world
-    from .intercept import install
+    from .tracing import install
 
     install(MPI)  # every MPI call noted: collectives checked for mismatches, spans under %%mpi --trace
     comm = MPI.COMM_WORLD

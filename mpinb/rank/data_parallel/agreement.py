@@ -4,7 +4,7 @@ A trace shows these allgathers as mpinb's own (kind ``"mpinb"``), not as the use
 
 import zlib
 
-from ..traced_calls import own_check
+from ..tracing import own_check
 
 
 def parameter_signature(named, *, grads=True):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from .. import replicas
-from ..traced_calls import api_call, own_check
+from ..tracing import api_call, own_check
 from .agreement import agree, parameter_signature, signature_digest
 from .flat_buffers import buckets_of, chunks, flatten, mpi_buffer, unflatten, wire_buffer
 from .optimizer_state import optimizer_signature, share_skeleton, with_tensors

@@ -2,23 +2,24 @@
 
 The ledger is cheap enough to keep on every rank all the time (a counter and a short ring per communicator, and
 what the main thread waits in now); it is what lets the notebook catch ranks that entered different collectives
-(``mpinb/mismatch.py``). Spans, ``(op, comm, peer, sent, received, start_ns, end_ns, seq, kind, detail)``, are
+(``notebook/mismatch.py``). Spans, ``(op, comm, peer, sent, received, start_ns, end_ns, seq, kind, detail)``, are
 recorded only while a cell runs with ``%%mpi --trace`` or a script runs with ``MPINB_TRACE`` set, into a ring
 buffer of :data:`BUFFER` spans that the rank's agent drains in batches, like ``mpinb.report()`` values.
 ``start_ns``/``end_ns`` are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC: one clock for every rank on a host).
 
-The calls are intercepted in Python (``rank/intercept.py``).
+The calls are intercepted in Python (``intercept.py``); what the main thread waits in is mirrored to a file
+(``mirror.py``).
 """
 
 import collections
 import mmap
 import os
-import struct
 import sys
 import threading
 import time
 
-from ..wire import files
+from ...wire import files
+from .mirror import LEFT, MIRROR, RAISED, encode
 
 now_ns = time.perf_counter_ns
 BUFFER = 100_000  # spans kept per rank between drains at most (the oldest go first)
@@ -37,48 +38,16 @@ class Ledger:
         self.encoded = name.encode()[:48]
 
 
-# The collective the main thread waits in, mirrored in a small file the notebook reads when the rank cannot
-# answer a roll call (a pickle-based collective holds the GIL while it waits) or has died (MPI ended the job
-# over a count or type mismatch): whether the rank is in a
-# collective (0 no, 1 yes, 2 it raised there), seq, root, count (-1: none), start, then operation, type and
-# communicator names. The first field (0) is kept for a version, should the record change.
-MIRROR = struct.Struct("<qqqqqq24s16s48s")
-_LEFT, _RAISED = (0).to_bytes(8, "little"), (2).to_bytes(8, "little")
-_ENCODED = {}
-
-
-def _encode(text):
-    if text is None:
-        return b""
-    encoded = _ENCODED.get(text)
-    if encoded is None:
-        encoded = _ENCODED[text] = str(text).encode()[:24]
-    return encoded
-
-
-def read_mirror(path):
-    """``{"comm", "seq", "signature", "start_ns", "raised"}`` of the collective the rank of mirror file *path*
-    is in, or the last one that raised there (its last words, if MPI then ended the job), or ``None``."""
-    try:
-        with open(path, "rb") as file:
-            data = file.read(MIRROR.size)
-        version, active, seq, root, count, start, op, dtype, comm = MIRROR.unpack(data)
-    except (OSError, struct.error):
-        return None
-    if version != 0 or not active:
-        return None
-    text = [value.rstrip(b"\0").decode(errors="replace") for value in (op, dtype, comm)]
-    return {"comm": text[2], "seq": seq, "start_ns": start, "raised": active == 2,
-            "signature": (text[0], None if root < 0 else root, None if count < 0 else count, text[1] or None)}
-
-
 class State:
     """The rank's tracing state; one instance, :data:`state`, read and written by the wrappers."""
 
     def __init__(self):
         self.ledgers = {}  # communicator name -> Ledger
         self.comms = {}  # communicator name -> weak reference to the traced communicator
-        self.p2p = None  # the blocking point-to-point call the main thread is in (see rank/intercept.py)
+        self.p2p = None  # the blocking point-to-point call the main thread is in (see calls.point_to_point)
+        # what describes it for a roll call (calls.stuck_p2p, set by intercept.install: this module, the lowest of
+        # the tracing, knows nothing of the calls' arguments)
+        self.describe_p2p = None
         self.note_p2p = True  # note it (False only to measure what noting costs: benchmarks/healthy.py)
         self.current = None  # (ledger, seq, signature, start_ns) while the main thread waits in a collective
         # the asynchronous collectives launched and maybe not complete (torch's async_op calls, DDP's gradient
@@ -92,7 +61,7 @@ class State:
         self.mirror = None  # an mmap of the mirror file, once a notebook's world set one up
 
     def mirror_to(self, path):
-        """Mirror the collective being waited in to *path* from now on (see :data:`MIRROR`)."""
+        """Mirror the collective being waited in to *path* from now on (see ``mirror.py``)."""
         fd = files.open_own(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
             os.ftruncate(fd, mmap.PAGESIZE)  # zeros
@@ -107,7 +76,7 @@ class State:
         if mirror is not None:  # one write (the reader looks only at ranks that have waited a second in it)
             op, root, count, dtype = signature
             MIRROR.pack_into(mirror, 0, 0, 1, seq, -1 if root is None else root, -1 if count is None else count,
-                             start, _encode(op), _encode(dtype), ledger.encoded)
+                             start, encode(op), encode(dtype), ledger.encoded)
 
     def launched(self, ledger, seq, signature, start, work):
         """Asynchronous collective *seq* of *ledger* was launched at *start* (ns); *work* says when it is complete
@@ -142,7 +111,7 @@ class State:
         """The wait is over: the collective completed (*done*), or raised (then the mirror keeps it, marked)."""
         self.current = None
         if self.mirror is not None:
-            self.mirror[8:16] = _LEFT if done else _RAISED
+            self.mirror[8:16] = LEFT if done else RAISED
 
     def ledger(self, name, members):
         ledger = self.ledgers.get(name)
@@ -203,10 +172,9 @@ class State:
                                    if entry[0] is ledger and entry[1] > seq and not work.is_completed()]
         ledgers = {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
                    for name, ledger in list(self.ledgers.items())}
-        from .intercept import stuck_p2p
-
+        describe = self.describe_p2p
         try:
-            p2p = stuck_p2p()
+            p2p = describe() if describe is not None else None
         except Exception:  # noqa: BLE001 - a call mid-way (arguments changing): say nothing rather than fail
             p2p = None
         return {"waiting": waiting, "ledgers": ledgers, "p2p": p2p, "frames": main_frames(self.main)}
@@ -224,28 +192,3 @@ def main_frames(ident):
 
 
 state = State()
-
-
-def script_trace(path):
-    """Under plain mpiexec with ``MPINB_TRACE=trace-{rank}.json``: trace every MPI call of the script and write
-    this rank's Chrome-trace file at exit."""
-    import atexit
-
-    from mpi4py import MPI
-
-    from . import chrome, intercept
-
-    intercept.install(MPI)
-    rank = MPI.COMM_WORLD.rank
-    state.start(buffer=int(os.environ.get("MPINB_TRACE_BUFFER", 10 * BUFFER)))
-    offset = time.time_ns() - now_ns()
-
-    def write():
-        spans, _ = state.drain()
-        target = path.format(rank=rank)
-        try:
-            chrome.write(target, chrome.events(rank, spans, offset_ns=offset))
-        except OSError as exc:  # at exit: one line, not a traceback of mpinb's
-            print(f"[mpinb] rank {rank}: cannot write the trace to {target} ({exc})", file=sys.stderr)
-
-    atexit.register(write)

@@ -2,7 +2,7 @@
 arguments, and a buffer's count, dtype and bytes as far as they can be told cheaply."""
 
 # name: (kind, send buffer, receive buffer, root or peer, reduction op) — argument positions, None for absent
-_BUFFER_COLLECTIVES = {
+BUFFER_COLLECTIVES = {
     "Barrier": (None, None, None, None), "Bcast": (0, 0, 1, None),
     "Gather": (0, 1, 2, None), "Gatherv": (0, 1, 2, None), "Scatter": (0, 1, 2, None), "Scatterv": (0, 1, 2, None),
     "Allgather": (0, 1, None, None), "Allgatherv": (0, 1, None, None), "Alltoall": (0, 1, None, None),
@@ -10,34 +10,34 @@ _BUFFER_COLLECTIVES = {
     "Reduce": (0, 1, 3, 2), "Allreduce": (0, 1, None, 2), "Reduce_scatter_block": (0, 1, None, 2),
     "Reduce_scatter": (0, 1, None, 3), "Scan": (0, 1, None, 2), "Exscan": (0, 1, None, 2),
 }
-_OBJECT_COLLECTIVES = {
+OBJECT_COLLECTIVES = {
     "barrier": (None, None, None, None), "bcast": (0, None, 1, None), "gather": (0, None, 1, None),
     "scatter": (0, None, 1, None), "allgather": (0, None, None, None), "alltoall": (0, None, None, None),
     "reduce": (0, None, 2, 1), "allreduce": (0, None, None, 1), "scan": (0, None, None, 1),
     "exscan": (0, None, None, 1),
 }
-_ROOTED = {"Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce", "bcast", "gather", "scatter", "reduce"}
-_SAME_SIZE_IN_PLACE = {"Allreduce", "Reduce", "Scan", "Exscan", "Bcast"}
-_VECTOR = {"Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduce_scatter"}  # counts may differ
+ROOTED = {"Bcast", "Gather", "Gatherv", "Scatter", "Scatterv", "Reduce", "bcast", "gather", "scatter", "reduce"}
+SAME_SIZE_IN_PLACE = {"Allreduce", "Reduce", "Scan", "Exscan", "Bcast"}
+VECTOR = {"Gatherv", "Scatterv", "Allgatherv", "Alltoallv", "Alltoallw", "Reduce_scatter"}  # counts may differ
 # name: (send buffer, receive buffer, peer, second peer (a source))
-_POINT_TO_POINT = {
+POINT_TO_POINT = {
     "Send": (0, None, 1, None), "Ssend": (0, None, 1, None), "Bsend": (0, None, 1, None),
     "Rsend": (0, None, 1, None), "Recv": (None, 0, 1, None), "Sendrecv": (0, 3, 1, 4),
     "Sendrecv_replace": (0, 0, 1, 3), "Probe": (None, None, 0, None),
     "send": (0, None, 1, None), "ssend": (0, None, 1, None), "recv": (None, None, 1, None),
     "sendrecv": (0, None, 1, 4), "probe": (None, None, 0, None),
 }
-_NONBLOCKING_P2P = {
+NONBLOCKING_P2P = {
     "Isend": (0, None, 1), "Issend": (0, None, 1), "Ibsend": (0, None, 1), "Irsend": (0, None, 1),
     "Irecv": (None, 0, 1), "isend": (0, None, 1), "issend": (0, None, 1), "irecv": (None, None, 1),
 }
 # where a blocking point-to-point call's tag is, and whether it sends, receives or both: for settling a rank
 # stuck in one (``rank/settle.py``)
-_TAGS = {"Send": ("send", 2), "Ssend": ("send", 2), "Bsend": ("send", 2), "Rsend": ("send", 2),
-         "send": ("send", 2), "ssend": ("send", 2), "Recv": ("recv", 2), "recv": ("recv", 2),
-         "Probe": ("recv", 1), "probe": ("recv", 1), "Sendrecv": ("both", 2), "sendrecv": ("both", 2),
-         "Sendrecv_replace": ("both", 2)}
-_KEYWORDS = {  # what the positions above are called, for calls that pass them by keyword
+TAGS = {"Send": ("send", 2), "Ssend": ("send", 2), "Bsend": ("send", 2), "Rsend": ("send", 2),
+        "send": ("send", 2), "ssend": ("send", 2), "Recv": ("recv", 2), "recv": ("recv", 2),
+        "Probe": ("recv", 1), "probe": ("recv", 1), "Sendrecv": ("both", 2), "sendrecv": ("both", 2),
+        "Sendrecv_replace": ("both", 2)}
+KEYWORDS = {  # what the positions above are called, for calls that pass them by keyword
     "send": ("buf", "sendbuf", "obj", "sendobj"), "recv": ("recvbuf", "buf"), "root": ("root",),
     "peer": ("dest",), "source": ("source",), "op": ("op",),
 }
@@ -45,7 +45,8 @@ _FORMATS = {"d": "float64", "f": "float32", "e": "float16", "b": "int8", "B": "u
             "H": "uint16", "?": "bool", "Zd": "complex128", "Zf": "complex64", "c": "char"}
 
 
-def _argument(args, kwargs, position, names):
+def argument(args, kwargs, position, names):
+    """The argument at *position*, or passed under one of *names*; ``None`` if the call left it out."""
     if position is None:
         return None
     if position < len(args):
@@ -56,11 +57,11 @@ def _argument(args, kwargs, position, names):
     return None
 
 
-def _collective_arguments(args, kwargs, spec):
+def collective_arguments(args, kwargs, spec):
     """A collective's ``(send, receive, root)`` from a call that passes some by keyword (*spec*: positions)."""
     send_at, recv_at, root_at, _ = spec
-    return (_argument(args, kwargs, send_at, _KEYWORDS["send"]), _argument(args, kwargs, recv_at, _KEYWORDS["recv"]),
-            _argument(args, kwargs, root_at, _KEYWORDS["root"]))
+    return (argument(args, kwargs, send_at, KEYWORDS["send"]), argument(args, kwargs, recv_at, KEYWORDS["recv"]),
+            argument(args, kwargs, root_at, KEYWORDS["root"]))
 
 
 def describe(buffer):
@@ -184,7 +185,8 @@ def _dtype_name(dtype):
         return str(dtype)
 
 
-def _object_bytes(obj):
+def object_bytes(obj):
+    """Bytes of a pickled call's object as far as they can be told without pickling it (0 if not)."""
     kind = type(obj)
     if kind is int or kind is float or obj is None:
         return 0
@@ -194,17 +196,21 @@ def _object_bytes(obj):
     return int(size) if size is not None else 0
 
 
-def _peer(peer):
+def peer_rank(peer):
+    """*peer* as a rank for a span, or ``None`` for ``ANY_SOURCE`` and ``PROC_NULL``."""
     if peer is None or peer < 0:  # ANY_SOURCE, PROC_NULL
         return None
     return int(peer)
 
 
-def _peer_text(peer):
+def peer_text(peer):
+    """*peer* as a span's detail says it: a rank, or ``any``."""
     return "any" if peer is None or peer < 0 else str(peer)
 
 
-def _detail(count, dtype, op, installed):
+def span_detail(count, dtype, op, installed):
+    """A collective span's detail: ``SUM, 68 x float32`` (*installed*: what ``intercept.install`` put in place,
+    which names the predefined ops)."""
     parts = []
     if op is not None:
         parts.append(installed["ops"].get(op.py2f(), "user op") if hasattr(op, "py2f") else
@@ -216,7 +222,8 @@ def _detail(count, dtype, op, installed):
     return ", ".join(parts)
 
 
-def _op_names(MPI):
+def op_names(MPI):
+    """``{handle: name}`` of *MPI*'s predefined reduction ops, to name them in spans."""
     names = {}
     for name in ("SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR", "MAXLOC", "MINLOC",
                  "REPLACE", "NO_OP"):

@@ -1,5 +1,5 @@
 """Every MPI call through mpi4py, seen: subclasses of mpi4py's communicators and requests that note each call in
-``rank/tracing.py`` and then call mpi4py's own method.
+the rank's ledger (``ledger.py``) and then call mpi4py's own method.
 
 mpi4py's types are immutable, so their methods cannot be replaced. Instead :func:`install` puts instances of
 these subclasses where user code finds communicators: ``MPI.COMM_WORLD`` and ``MPI.COMM_SELF`` (and so the
@@ -12,38 +12,29 @@ stay constants: they pickle by name (``loads(dumps(MPI.COMM_WORLD)) is MPI.COMM_
 them usable, as in mpi4py. A communicator made before :func:`install`, or by a library through mpi4py's C API,
 is not seen. Python-level interception was measured against the MPI profiling interface: see docs/traces.md.
 
-Here the traced classes are built and installed; the methods they hold are in ``rank/traced_calls.py``, where each
-call keeps its arguments in ``rank/call_arguments.py``, and which communicators are traced in
-``rank/traced_comms.py``.
+Here the traced classes are built and installed; the methods they hold are in ``calls.py``, where each call keeps
+its arguments in ``arguments.py``, and which communicators are traced in ``comms.py``.
 """
 
 import copyreg
 
-from . import traced_comms, tracing
-from .call_arguments import (
-    _BUFFER_COLLECTIVES,
-    _KEYWORDS,
-    _NONBLOCKING_P2P,
-    _OBJECT_COLLECTIVES,
-    _POINT_TO_POINT,
-    _argument,
-    _op_names,
-    _peer_text,
-    describe,
+from . import comms, ledger
+from .arguments import BUFFER_COLLECTIVES, NONBLOCKING_P2P, OBJECT_COLLECTIVES, POINT_TO_POINT, op_names, peer_text
+from .calls import (
+    buffer_collective,
+    maker,
+    named_like,
+    nonblocking_p2p,
+    object_collective,
+    point_to_point,
+    record_span,
+    stuck_p2p,
 )
-from .traced_calls import (
-    _buffer_collective,
-    _maker,
-    _named,
-    _nonblocking,
-    _object_collective,
-    _point_to_point,
-    _span,
-)
-from .traced_comms import _adopt, _info, _members
+from .comms import adopt, world_members
 
-_state = tracing.state
-_now = tracing.now_ns
+_state = ledger.state
+_now = ledger.now_ns
+_registry = comms.registry
 _COMMS = ("Comm", "Intracomm", "Intercomm", "Topocomm", "Cartcomm", "Graphcomm", "Distgraphcomm")
 _CONSTANTS = ("COMM_WORLD", "COMM_SELF")
 _FROM_HANDLE = ("fromhandle", "fromint", "f2py")
@@ -54,21 +45,22 @@ _MAKERS = ("Dup", "Clone", "Split", "Split_type", "Create", "Create_group", "Cre
 def install(MPI):
     """Make ``MPI.COMM_WORLD``, ``MPI.COMM_SELF``, ``MPI.Request`` and the communicator classes the traced kinds
     (idempotent)."""
-    if traced_comms.installed is not None:
+    if _registry.installed is not None:
         return
     classes = {getattr(MPI, name): _traced_class(MPI, getattr(MPI, name)) for name in _COMMS}
     request = _request_class(MPI)
     original = {name: getattr(MPI, name) for name in _COMMS + _CONSTANTS + ("Request",)}
-    traced_comms.installed = {"classes": classes, "request": request, "MPI": MPI, "ops": _op_names(MPI),
-                              "in_place": MPI.IN_PLACE, "any": MPI.ANY_SOURCE,
-                              "original": (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.Request), "names": original,
-                              # mpi4py's own constants (id) -> their names, which now name the traced ones
-                              "constants": {id(original[name]): name for name in _CONSTANTS}}
+    _registry.installed = {"classes": classes, "request": request, "MPI": MPI, "ops": op_names(MPI),
+                          "in_place": MPI.IN_PLACE, "any": MPI.ANY_SOURCE,
+                          "original": (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.Request), "names": original,
+                          # mpi4py's own constants (id) -> their names, which now name the traced ones
+                          "constants": {id(original[name]): name for name in _CONSTANTS}}
     world = classes[MPI.Intracomm](MPI.COMM_WORLD)
-    _adopt(world, "COMM_WORLD", tuple(range(MPI.COMM_WORLD.size)))
+    adopt(world, "COMM_WORLD", tuple(range(MPI.COMM_WORLD.size)))
     self_comm = classes[MPI.Intracomm](MPI.COMM_SELF)
-    _adopt(self_comm, "COMM_SELF", (MPI.COMM_WORLD.rank,))
+    adopt(self_comm, "COMM_SELF", (MPI.COMM_WORLD.rank,))
     world._mpinb_constant, self_comm._mpinb_constant = "COMM_WORLD", "COMM_SELF"
+    _state.describe_p2p = stuck_p2p  # a roll call says which point-to-point call a stuck rank is in
     for name in _COMMS:
         setattr(MPI, name, classes[original[name]])
     MPI.COMM_WORLD, MPI.COMM_SELF, MPI.Request = world, self_comm, request
@@ -76,46 +68,21 @@ def install(MPI):
 
 def uninstall():
     """Put mpi4py's own objects back (for measuring the untraced cost beside the traced one)."""
-    installed = traced_comms.installed
+    installed = _registry.installed
     if installed is not None:
         MPI = installed["MPI"]
         for name, value in installed["names"].items():
             setattr(MPI, name, value)
-        traced_comms.installed = None
+        _registry.installed = None
 
 
 def traced(comm, name=None):
     """*comm* (an mpi4py communicator made before :func:`install`, or by a library) as a traced one."""
-    classes = traced_comms.installed["classes"]
+    classes = _registry.installed["classes"]
     base = next(base for base in type(comm).__mro__ if base in classes)
     copy = classes[base](comm)
-    _adopt(copy, name or f"comm#{comm.py2f()}", _members(comm))
+    adopt(copy, name or f"comm#{comm.py2f()}", world_members(comm))
     return copy
-
-
-def stuck_p2p():
-    """The blocking point-to-point call the main thread is in, described for the notebook, or ``None``:
-    ``{"comm", "op", "sends": (dest, tag, bytes) or None, "receives": (source, tag, bytes) or None}``."""
-    current = _state.p2p
-    if current is None:
-        return None
-    comm, name, direction, args, kwargs, spec, tag_at = current
-    send_at, recv_at, peer_at, source_at = spec
-    tag = _argument(args, kwargs, tag_at, ("tag", "sendtag"))
-    tag = 0 if tag is None else tag
-    sends = receives = None
-    if direction in ("send", "both"):
-        dest = _argument(args, kwargs, peer_at, _KEYWORDS["peer"])
-        data = _argument(args, kwargs, send_at, _KEYWORDS["send"])
-        sends = (dest, tag, None if name.islower() else describe(data)[2])
-    if direction in ("recv", "both"):
-        at = peer_at if direction == "recv" else source_at
-        source = _argument(args, kwargs, at, _KEYWORDS["source"])
-        receive_tag = tag if direction == "recv" else _argument(args, kwargs, 5, ("recvtag",))
-        data = _argument(args, kwargs, recv_at, _KEYWORDS["recv"]) if recv_at is not None else None
-        receives = (-1 if source is None else source, -1 if receive_tag is None else receive_tag,
-                    None if name.islower() or data is None else describe(data)[2])
-    return {"comm": _info(comm).name, "op": name, "sends": sends, "receives": receives}
 
 
 class _StandIn(type):
@@ -134,26 +101,26 @@ class _StandIn(type):
 def _traced_class(MPI, base):
     namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__, "_mpinb_original": base,
                  "__doc__": base.__doc__}  # mpi4py's, as help() and mpi4py's own doc checks expect
-    for name, spec in _BUFFER_COLLECTIVES.items():
+    for name, spec in BUFFER_COLLECTIVES.items():
         for variant in (name, "I" + name[0].lower() + name[1:]):
             if hasattr(base, variant):
-                namespace[variant] = _buffer_collective(getattr(base, variant), variant, name, spec)
-    for name, spec in _OBJECT_COLLECTIVES.items():
+                namespace[variant] = buffer_collective(getattr(base, variant), variant, name, spec)
+    for name, spec in OBJECT_COLLECTIVES.items():
         if hasattr(base, name):
-            namespace[name] = _object_collective(getattr(base, name), name, spec)
-    for name, spec in _POINT_TO_POINT.items():
+            namespace[name] = object_collective(getattr(base, name), name, spec)
+    for name, spec in POINT_TO_POINT.items():
         if hasattr(base, name):
-            namespace[name] = _point_to_point(getattr(base, name), name, spec)
-    for name, spec in _NONBLOCKING_P2P.items():
+            namespace[name] = point_to_point(getattr(base, name), name, spec)
+    for name, spec in NONBLOCKING_P2P.items():
         if hasattr(base, name):
-            namespace[name] = _nonblocking(getattr(base, name), name, spec)
+            namespace[name] = nonblocking_p2p(getattr(base, name), name, spec)
     for name in _MAKERS:
         if hasattr(base, name):
-            namespace[name] = _maker(getattr(base, name), name)
-    namespace.update(_from_handle(base, lambda: traced_comms.installed["classes"]))
-    namespace["__init__"] = _named(_copy_ledger, "__init__", base.__init__)
-    namespace["__reduce__"] = _named(_reduce_comm(base), "__reduce__", base.__reduce__)
-    namespace["free"] = _named(_free_comm(base), "free", base.free)
+            namespace[name] = maker(getattr(base, name), name)
+    namespace.update(_from_handle(base, lambda: _registry.installed["classes"]))
+    namespace["__init__"] = named_like(_copy_ledger, "__init__", base.__init__)
+    namespace["__reduce__"] = named_like(_reduce_comm(base), "__reduce__", base.__reduce__)
+    namespace["free"] = named_like(_free_comm(base), "free", base.free)
     return _StandIn(base.__name__, (base,), namespace)
 
 
@@ -177,7 +144,7 @@ def _from_handle(base, classes):
             kind = classes().get(type(made))
             return made if kind is None else kind(made)
 
-        return classmethod(_named(convert, name, function))
+        return classmethod(named_like(convert, name, function))
 
     return {name: converting(name) for name in _FROM_HANDLE if hasattr(base, name)}
 
@@ -188,7 +155,7 @@ def _reduce_comm(base):
     raises mpi4py's ``ValueError``."""
 
     def reduce(self):
-        installed = traced_comms.installed
+        installed = _registry.installed
         MPI = installed["MPI"] if installed is not None else None
         name = self.__dict__.get("_mpinb_constant")
         if name is not None and MPI is not None and getattr(MPI, name, None) is self:
@@ -239,20 +206,20 @@ def _request_class(MPI):
                 first = infos[0]
                 peer = first[2] if len(infos) == 1 else None
                 what = ", ".join(f"{info[0]}{'→' if 'send' in info[0].lower() else '←'}"
-                                 f"{_peer_text(info[2])}" if info[5] is None else f"{info[0]} #{info[5]}"
+                                 f"{peer_text(info[2])}" if info[5] is None else f"{info[0]} #{info[5]}"
                                  for info in infos[:8]) + (", ..." if len(infos) > 8 else "")
-                _span(name, first[1].name, peer, 0, 0, start, end, collective[5] if collective else None, "wait",
-                      what)
+                record_span(name, first[1].name, peer, 0, 0, start, end, collective[5] if collective else None,
+                            "wait", what)
 
     def on_one(name):
         def wait(self, *args, **kwargs):
             return waiting(name, (self,), getattr(Request, name), self, *args, **kwargs)
-        return _named(wait, name, getattr(Request, name))
+        return named_like(wait, name, getattr(Request, name))
 
     def on_many(name):
         def wait(cls, requests, *args, **kwargs):
             return waiting(name, requests, getattr(Request, name), requests, *args, **kwargs)
-        return classmethod(_named(wait, name, getattr(Request, name)))
+        return classmethod(named_like(wait, name, getattr(Request, name)))
 
     namespace = {"__doc__": Request.__doc__, "__module__": Request.__module__,
                  "__qualname__": Request.__qualname__, "_mpinb_original": Request}

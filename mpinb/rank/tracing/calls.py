@@ -1,5 +1,6 @@
-"""The traced methods: each wraps one of mpi4py's, notes the call in ``tracing.state`` (the ledger of
-collectives, the blocking point-to-point call in progress, spans while a cell is traced) and calls it.
+"""The traced methods: each wraps one of mpi4py's, notes the call in ``ledger.state`` (the ledger of
+collectives, the blocking point-to-point call in progress, spans while a cell is traced) and calls it;
+:func:`stuck_p2p` reads back the point-to-point call noted, for a roll call.
 
 mpinb's own API marks its calls here too: :func:`api_call` records one span (kind ``"torch"``) around what a
 function of ``mpinb.torch`` does, so a trace names the call the user made (``allreduce_gradients``), matched
@@ -10,46 +11,47 @@ as kind ``"mpinb"``, which the summary does not blame.
 
 import contextlib
 
-from . import traced_comms, tracing
-from .call_arguments import (
-    _KEYWORDS,
-    _ROOTED,
-    _SAME_SIZE_IN_PLACE,
-    _TAGS,
-    _VECTOR,
-    _argument,
-    _collective_arguments,
-    _detail,
-    _object_bytes,
-    _peer,
-    _peer_text,
+from . import comms, ledger
+from .arguments import (
+    KEYWORDS,
+    ROOTED,
+    SAME_SIZE_IN_PLACE,
+    TAGS,
+    VECTOR,
+    argument,
+    collective_arguments,
     describe,
+    object_bytes,
+    peer_rank,
+    peer_text,
+    span_detail,
 )
-from .traced_comms import _adopt, _info, _members, made_counts
+from .comms import adopt, ledger_of, made_counts, world_members
 
-_state = tracing.state
-_now = tracing.now_ns
+_state = ledger.state
+_now = ledger.now_ns
+_registry = comms.registry
 
 
-def _buffer_collective(base, name, spec_name, spec):
+def buffer_collective(base, name, spec_name, spec):
     """mpi4py's buffer collective *name* (*spec_name*, or its nonblocking ``I`` form), each call in the ledger."""
     send_at, recv_at, root_at, op_at = spec
     nonblocking, scatter = name != spec_name, spec_name.startswith("Scatter")
-    rooted, vector, broadcast = spec_name in _ROOTED, spec_name in _VECTOR, name in ("Bcast", "Ibcast")
+    rooted, vector, broadcast = spec_name in ROOTED, spec_name in VECTOR, name in ("Bcast", "Ibcast")
 
     def method(self, *args, **kwargs):
         try:
             info = self._mpinb
         except AttributeError:
-            info = _info(self)
+            info = ledger_of(self)
         if kwargs:
-            send, receive, root = _collective_arguments(args, kwargs, spec)
+            send, receive, root = collective_arguments(args, kwargs, spec)
         else:  # the common call, positional only: no function calls to find the arguments
             n = len(args)
             send = args[send_at] if send_at is not None and send_at < n else None
             receive = args[recv_at] if recv_at is not None and recv_at < n else None
             root = args[root_at] if root_at is not None and root_at < n else None
-        in_place = send is traced_comms.installed["in_place"]
+        in_place = send is _registry.installed["in_place"]
         count, dtype, sent = describe(None if in_place else send)
         received = 0
         if receive is not None and ((count is None or scatter) or (_state.spans is not None and recv_at != send_at)):
@@ -60,7 +62,7 @@ def _buffer_collective(base, name, spec_name, spec):
                 received = 0
         if in_place:
             sent = received
-            if spec_name not in _SAME_SIZE_IN_PLACE:  # the receive buffer holds every rank's part
+            if spec_name not in SAME_SIZE_IN_PLACE:  # the receive buffer holds every rank's part
                 count = None
         if rooted and root is None:
             root = 0
@@ -70,7 +72,7 @@ def _buffer_collective(base, name, spec_name, spec):
         info.recent.append((seq, signature))
         detail = ""
         if _state.spans is not None:  # the op is read for the span only
-            detail = _detail(count, dtype, _argument(args, kwargs, op_at, _KEYWORDS["op"]), traced_comms.installed)
+            detail = span_detail(count, dtype, argument(args, kwargs, op_at, KEYWORDS["op"]), _registry.installed)
             if broadcast and root != self.Get_rank():
                 sent, received = 0, sent
         if nonblocking:
@@ -88,10 +90,10 @@ def _buffer_collective(base, name, spec_name, spec):
             _state.leave(done)
             _state.comm_ns += end - start
             if _state.spans is not None:
-                _span(name, info.name, root, sent, received, start, end, seq,
-                      "collective" if _checking is None else "mpinb", detail)
+                record_span(name, info.name, root, sent, received, start, end, seq,
+                            "collective" if _checking is None else "mpinb", detail)
 
-    return _named(method, name, base)
+    return named_like(method, name, base)
 
 
 def _start_collective(base, comm, args, kwargs, noted):
@@ -102,22 +104,23 @@ def _start_collective(base, comm, args, kwargs, noted):
     request = _traced_request(_installed_request(), base(comm, *args, **kwargs))
     request._mpinb = noted
     if _state.spans is not None:
-        _span(name, info.name, root, sent, received, start, _now(), seq, "collective", detail)
+        record_span(name, info.name, root, sent, received, start, _now(), seq, "collective", detail)
     return request
 
 
-def _object_collective(base, name, spec):
+def object_collective(base, name, spec):
+    """mpi4py's pickle-based collective *name*, each call in the ledger."""
     send_at, _, root_at, op_at = spec
-    rooted = name in _ROOTED
+    rooted = name in ROOTED
 
     def method(self, *args, **kwargs):
         try:
             info = self._mpinb
         except AttributeError:
-            info = _info(self)
+            info = ledger_of(self)
         if kwargs:
-            obj = _argument(args, kwargs, send_at, _KEYWORDS["send"])
-            root = _argument(args, kwargs, root_at, _KEYWORDS["root"])
+            obj = argument(args, kwargs, send_at, KEYWORDS["send"])
+            root = argument(args, kwargs, root_at, KEYWORDS["root"])
         else:
             n = len(args)
             obj = args[send_at] if send_at is not None and send_at < n else None
@@ -140,21 +143,22 @@ def _object_collective(base, name, spec):
             _state.leave(done)
             _state.comm_ns += end - start
             if _state.spans is not None:
-                op = _argument(args, kwargs, op_at, _KEYWORDS["op"]) if op_at is not None else None
+                op = argument(args, kwargs, op_at, KEYWORDS["op"]) if op_at is not None else None
                 kind = type(obj).__name__
-                detail = kind if op is None else _detail(None, kind, op, traced_comms.installed)
+                detail = kind if op is None else span_detail(None, kind, op, _registry.installed)
                 if _checking is not None:
                     detail = f"mpinb's check before {_checking}"
-                _span(name, info.name, root, _object_bytes(obj), _object_bytes(value), start, end, seq,
-                      "collective" if _checking is None else "mpinb", detail)
+                record_span(name, info.name, root, object_bytes(obj), object_bytes(value), start, end, seq,
+                            "collective" if _checking is None else "mpinb", detail)
 
-    return _named(method, name, base)
+    return named_like(method, name, base)
 
 
-def _point_to_point(base, name, spec):
+def point_to_point(base, name, spec):
+    """mpi4py's blocking point-to-point call *name*, noted while it blocks (for :func:`stuck_p2p`)."""
     send_at, recv_at, peer_at, source_at = spec
     objects = name.islower()
-    direction, tag_at = _TAGS[name]
+    direction, tag_at = TAGS[name]
 
     def method(self, *args, **kwargs):
         start = _now()
@@ -171,28 +175,54 @@ def _point_to_point(base, name, spec):
             if _state.spans is not None:
                 _p2p_span(self, name, args, kwargs, spec, objects, value, start, end)
 
-    return _named(method, name, base)
+    return named_like(method, name, base)
 
 
 def _p2p_span(comm, name, args, kwargs, spec, objects, value, start, end):
     send_at, recv_at, peer_at, source_at = spec
-    send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
-    receive = _argument(args, kwargs, recv_at, _KEYWORDS["recv"])
-    names = _KEYWORDS["source"] if name in ("Recv", "recv", "Probe", "probe") else _KEYWORDS["peer"]
-    peer = _argument(args, kwargs, peer_at, names)
+    send = argument(args, kwargs, send_at, KEYWORDS["send"])
+    receive = argument(args, kwargs, recv_at, KEYWORDS["recv"])
+    names = KEYWORDS["source"] if name in ("Recv", "recv", "Probe", "probe") else KEYWORDS["peer"]
+    peer = argument(args, kwargs, peer_at, names)
     if objects:
-        sent, received = _object_bytes(send), _object_bytes(value)
+        sent, received = object_bytes(send), object_bytes(value)
     else:
         sent = describe(send)[2]
         received = describe(receive)[2]
     detail = ""
     if source_at is not None:
-        source = _argument(args, kwargs, source_at, _KEYWORDS["source"])
-        detail = f"from {_peer_text(source)}"
-    _span(name, _info(comm).name, _peer(peer), sent, received, start, end, None, "p2p", detail)
+        source = argument(args, kwargs, source_at, KEYWORDS["source"])
+        detail = f"from {peer_text(source)}"
+    record_span(name, ledger_of(comm).name, peer_rank(peer), sent, received, start, end, None, "p2p", detail)
 
 
-def _nonblocking(base, name, spec):
+def stuck_p2p():
+    """The blocking point-to-point call the main thread is in, described for the notebook, or ``None``:
+    ``{"comm", "op", "sends": (dest, tag, bytes) or None, "receives": (source, tag, bytes) or None}``."""
+    current = _state.p2p
+    if current is None:
+        return None
+    comm, name, direction, args, kwargs, spec, tag_at = current
+    send_at, recv_at, peer_at, source_at = spec
+    tag = argument(args, kwargs, tag_at, ("tag", "sendtag"))
+    tag = 0 if tag is None else tag
+    sends = receives = None
+    if direction in ("send", "both"):
+        dest = argument(args, kwargs, peer_at, KEYWORDS["peer"])
+        data = argument(args, kwargs, send_at, KEYWORDS["send"])
+        sends = (dest, tag, None if name.islower() else describe(data)[2])
+    if direction in ("recv", "both"):
+        at = peer_at if direction == "recv" else source_at
+        source = argument(args, kwargs, at, KEYWORDS["source"])
+        receive_tag = tag if direction == "recv" else argument(args, kwargs, 5, ("recvtag",))
+        data = argument(args, kwargs, recv_at, KEYWORDS["recv"]) if recv_at is not None else None
+        receives = (-1 if source is None else source, -1 if receive_tag is None else receive_tag,
+                    None if name.islower() or data is None else describe(data)[2])
+    return {"comm": ledger_of(comm).name, "op": name, "sends": sends, "receives": receives}
+
+
+def nonblocking_p2p(base, name, spec):
+    """mpi4py's nonblocking point-to-point call *name*: its request carries the call for the wait."""
     send_at, recv_at, peer_at = spec
     objects = name.islower()
     request_class = _installed_request
@@ -205,51 +235,52 @@ def _nonblocking(base, name, spec):
         try:
             info = self._mpinb
         except AttributeError:
-            info = _info(self)
+            info = ledger_of(self)
         if kwargs:
-            peer = _argument(args, kwargs, peer_at, _KEYWORDS["source" if receiving else "peer"])
+            peer = argument(args, kwargs, peer_at, KEYWORDS["source" if receiving else "peer"])
         else:
             peer = args[peer_at] if peer_at < len(args) else None
         if peer is not None and peer < 0:  # ANY_SOURCE, PROC_NULL
             peer = None
         sent = received = 0
         if _state.spans is not None:
-            send = _argument(args, kwargs, send_at, _KEYWORDS["send"])
-            sent = _object_bytes(send) if objects else describe(send)[2]
-            received = 0 if objects else describe(_argument(args, kwargs, recv_at, _KEYWORDS["recv"]))[2]
-            _span(name, info.name, peer, sent, received, start, end, None, "p2p", "")
+            send = argument(args, kwargs, send_at, KEYWORDS["send"])
+            sent = object_bytes(send) if objects else describe(send)[2]
+            received = 0 if objects else describe(argument(args, kwargs, recv_at, KEYWORDS["recv"]))[2]
+            record_span(name, info.name, peer, sent, received, start, end, None, "p2p", "")
         request._mpinb = (name, info, peer, sent, received, None, None, "")
         return request
 
-    return _named(method, name, base)
+    return named_like(method, name, base)
 
 
-def _maker(base, name):
+def maker(base, name):
+    """mpi4py's *name* that makes a communicator: the one made is traced, named alike on every rank."""
     def method(self, *args, **kwargs):
         made = base(self, *args, **kwargs)
         if made is None or not hasattr(made, "py2f"):
             return made
-        kind = traced_comms.installed["classes"].get(type(made))
+        kind = _registry.installed["classes"].get(type(made))
         if kind is not None:  # mpi4py's own class: its traced one (a subclass, pkl5's or a user's, stays itself)
             made = kind(made)
         # the communicators made next must have the same name on every rank that holds them: a call collective
         # over the parent is counted on every member, also where it gave COMM_NULL (a Split's MPI.UNDEFINED
         # colour); Create_group, collective over the group alone, is counted per group
         if name == "Create_group":
-            key = ("Create_group", _members(made)) if made != traced_comms.installed["MPI"].COMM_NULL else None
+            key = ("Create_group", world_members(made)) if made != _registry.installed["MPI"].COMM_NULL else None
         else:
             key = "made"
         counts = made_counts(self)
         counts[key] = counts.get(key, 0) + 1
-        if made == traced_comms.installed["MPI"].COMM_NULL:
+        if made == _registry.installed["MPI"].COMM_NULL:
             return made
-        parent = self._mpinb if hasattr(self, "_mpinb") else _info(self)
+        parent = self._mpinb if hasattr(self, "_mpinb") else ledger_of(self)
         try:
-            return _adopt(made, f"{parent.name}.{name}#{counts[key]}", _members(made))
+            return adopt(made, f"{parent.name}.{name}#{counts[key]}", world_members(made))
         except AttributeError:  # a class whose objects take no attributes: its calls are noted by handle
             return made
 
-    return _named(method, name, base)
+    return named_like(method, name, base)
 
 
 def _traced_request(kind, request):
@@ -260,7 +291,7 @@ def _traced_request(kind, request):
 
 
 def _installed_request():
-    return traced_comms.installed["request"]
+    return _registry.installed["request"]
 
 
 _checking = None  # while mpinb's own check runs on the main thread: the call it checks for (own_check)
@@ -288,7 +319,7 @@ def api_call(name, comm, detail=""):
         yield
         return
     try:
-        info = _info(comm)
+        info = ledger_of(comm)
         where, seq = info.name, info.count + 1
     except Exception:  # noqa: BLE001 - not a communicator mpinb traces (its calls are not traced either)
         where, seq = "", None
@@ -297,15 +328,17 @@ def api_call(name, comm, detail=""):
         yield
     finally:
         if _state.spans is not None:
-            _span(name, where, None, 0, 0, start, _now(), seq, "torch", detail)
+            record_span(name, where, None, 0, 0, start, _now(), seq, "torch", detail)
 
 
-def _span(op, comm, peer, sent, received, start, end, seq, kind, detail):
+def record_span(op, comm, peer, sent, received, start, end, seq, kind, detail):
+    """Append one span to the ring (only while spans are recorded)."""
     _state.spans.append((op, comm, peer, sent, received, start, end, seq, kind, detail))
     _state.recorded += 1
 
 
-def _named(method, name, base):
+def named_like(method, name, base):
+    """*method* under *base*'s name and docstring, as mpi4py's own method it stands in for."""
     method.__name__ = method.__qualname__ = name
     method.__doc__ = getattr(base, "__doc__", None)
     method.__wrapped__ = base
