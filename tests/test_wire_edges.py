@@ -19,7 +19,7 @@ import zmq
 from mpinb.notebook import ipp
 from mpinb.notebook.mpis import default_mpiexec
 from mpinb.notebook.perrank import PerRank
-from mpinb.rank import stacks
+from mpinb.wire import rank_files
 from mpinb.wire import messages, shm
 from mpinb.wire.channel import Channel
 from mpinb.wire.kinds import Hello
@@ -246,7 +246,7 @@ def test_a_worlds_rank_files_are_private_and_removed_with_it(world_of, ip, mpi, 
     kept = []
     for path in world.stack_files.values():
         assert os.path.dirname(path) == status_dir
-        for each in (path, stacks.stderr_path(path), stacks.native_stderr_path(path), stacks.ledger_path(path)):
+        for each in rank_files.every_path(path):
             status = os.lstat(each)
             assert stat.S_ISREG(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o600, each
             kept.append(each)

@@ -12,7 +12,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ..rank.stacks import SIGNAL, WRAPPERS, aborts, native_stderr_path, stderr_path
+from ..rank.stacks import WRAPPERS, aborts
+from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -111,7 +112,7 @@ def capture_stacks(world, ranks, *, wait=1.5):
             continue
         starts[rank] = os.path.getsize(path)
         try:
-            os.kill(who["pid"], SIGNAL)
+            os.kill(who["pid"], STACK_SIGNAL)
         except ProcessLookupError:
             stacks[rank] = RankStack(rank, note="process gone")
             starts.pop(rank)

@@ -10,8 +10,8 @@ cell without entering it); a rank that is merely late is waited for, and asked a
 
 import time
 
-from ..rank.stacks import ledger_path
-from ..rank.tracing import read_mirror
+from ..wire.mirror import read_mirror
+from ..wire.rank_files import ledger_path
 from ..wire.kinds import Waiting
 from ..wire.ranks import label_ranks
 from .advice import advice

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from ..rank.stacks import ledger_path, native_stderr_path, stack_path, stderr_path
+from ..wire.rank_files import every_path, stack_path
 
 
 def main(argv):
@@ -114,7 +114,7 @@ def remove_world_files(status_dir, pids, stack_files=()):
         shutil.rmtree(status_dir, ignore_errors=True)
     # the ranks' files are in the status directory on this host (rank/stacks.py); elsewhere, where they said
     for path in {*stack_files, *(stack_path(pid, status_dir) for pid in pids if status_dir)}:
-        for kept in (path, stderr_path(path), native_stderr_path(path), ledger_path(path)):
+        for kept in every_path(path):
             Path(kept).unlink(missing_ok=True)
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import zmq
 
-from ..wire import messages, shm
+from ..wire import messages, rank_files, shm
 from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
 from ..wire.kinds import Cell, CellReply, Hello, Reply
 from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, trace_torch, tracing
@@ -74,7 +74,7 @@ class Agent:
         self.loop.add_callback(self._on_readable)  # what arrived before the handler was there
         path = stacks.install()
         stacks.keep_native_stderr()
-        tracing.state.mirror_to(stacks.ledger_path(path))
+        tracing.state.mirror_to(rank_files.ledger_path(path))
         torch_hooks.install_when_imported()
         self.abort_watch = AbortWatch(self.outbox)
         self.rollcall = rollcall.RollCall(context, cells, key, rank, encrypt=encrypt)

@@ -16,19 +16,19 @@ import faulthandler
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
 from pathlib import Path
 
 from ..wire import files
+from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, stack_path, stderr_path
 
-SIGNAL = signal.SIGUSR2
+SIGNAL = STACK_SIGNAL
 # mpinb's wrappers around MPI calls (the modules of rank/tracing/, rank/trace_torch.py), and
 # the guards that stand in for what a rank must not call (rank/guards.py): not
 # where the user's code is, so left out of the stacks and tracebacks users see
 WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
-    "intercept", "calls", "comms", "arguments", "ledger", "mirror", "script")) + (
+    "intercept", "calls", "comms", "arguments", "ledger", "script")) + (
     "mpinb/rank/trace_torch.py", "mpinb/rank/guards.py", "mpinb/rank/trace_ddp.py", "mpinb/rank/sampler_epochs.py")
 
 _file = None
@@ -39,9 +39,6 @@ current_cell_file = ""  # the file the running (or last) cell was compiled as
 STDERR_LIMIT = 64 << 10  # bytes of a rank's recent stderr kept on disk for a post-mortem
 
 
-def stack_path(pid, directory):
-    """The file the rank with process id *pid* dumps its stacks to, in *directory* (the world's private one)."""
-    return os.path.join(directory, f"mpinb-stacks-{pid}")
 
 
 def rank_directory():
@@ -56,19 +53,10 @@ def rank_directory():
     return directory
 
 
-def stderr_path(path):
-    """Where the rank that dumps stacks to *path* keeps its recent stderr."""
-    return path.replace("mpinb-stacks-", "mpinb-stderr-")
 
 
-def ledger_path(path):
-    """Where the rank that dumps stacks to *path* mirrors the collective it waits in (``rank/tracing/mirror.py``)."""
-    return path.replace("mpinb-stacks-", "mpinb-ledger-")
 
 
-def native_stderr_path(path):
-    """Where the rank that dumps stacks to *path* sends what C code writes to its standard error."""
-    return path.replace("mpinb-stacks-", "mpinb-cstderr-")
 
 
 def keep_native_stderr():

@@ -8,7 +8,7 @@ buffer of :data:`BUFFER` spans that the rank's agent drains in batches, like ``m
 ``start_ns``/``end_ns`` are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC: one clock for every rank on a host).
 
 The calls are intercepted in Python (``intercept.py``); what the main thread waits in is mirrored to a file
-(``mirror.py``).
+(``wire/mirror.py``).
 """
 
 import collections
@@ -19,7 +19,7 @@ import threading
 import time
 
 from ...wire import files
-from .mirror import LEFT, MIRROR, RAISED, encode
+from ...wire.mirror import LEFT, MIRROR, RAISED, encode
 
 now_ns = time.perf_counter_ns
 BUFFER = 100_000  # spans kept per rank between drains at most (the oldest go first)
@@ -61,7 +61,7 @@ class State:
         self.mirror = None  # an mmap of the mirror file, once a notebook's world set one up
 
     def mirror_to(self, path):
-        """Mirror the collective being waited in to *path* from now on (see ``mirror.py``)."""
+        """Mirror the collective being waited in to *path* from now on (see ``wire/mirror.py``)."""
         fd = files.open_own(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
         try:
             os.ftruncate(fd, mmap.PAGESIZE)  # zeros

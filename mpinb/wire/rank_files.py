@@ -1,0 +1,35 @@
+"""The files each rank keeps for the notebook in the world's private directory, named after the one its
+faulthandler dumps stacks to (``mpinb-stacks-<pid>``, sent in the rank's :class:`~mpinb.wire.kinds.Hello`), and
+the signal that asks for the dump. The rank writes them (``rank/stacks.py``, ``rank/tracing/ledger.py``); the
+notebook reads them after a rank is stuck or gone (``notebook/diagnose.py``, ``mismatch.py``) and removes them with
+the world (``notebook/reaper.py``)."""
+
+import os
+import signal
+
+STACK_SIGNAL = signal.SIGUSR2  # a rank dumps every thread's stack to its stack file on it
+
+
+def stack_path(pid, directory):
+    """The file the rank with process id *pid* dumps its stacks to, in *directory* (the world's private one)."""
+    return os.path.join(directory, f"mpinb-stacks-{pid}")
+
+
+def stderr_path(path):
+    """Where the rank that dumps stacks to *path* keeps its recent stderr."""
+    return path.replace("mpinb-stacks-", "mpinb-stderr-")
+
+
+def ledger_path(path):
+    """Where the rank that dumps stacks to *path* mirrors the collective it waits in (``wire/mirror.py``)."""
+    return path.replace("mpinb-stacks-", "mpinb-ledger-")
+
+
+def native_stderr_path(path):
+    """Where the rank that dumps stacks to *path* sends what C code writes to its standard error."""
+    return path.replace("mpinb-stacks-", "mpinb-cstderr-")
+
+
+def every_path(path):
+    """The stack file *path* and the files named after it."""
+    return path, stderr_path(path), native_stderr_path(path), ledger_path(path)
