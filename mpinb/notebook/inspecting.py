@@ -85,7 +85,7 @@ class Inspecting:
         if not _DOTTED.match(model):
             raise UsageError(f"%mpi grads takes the model's name on the ranks (model, trainer.model), not {model!r}")
         self._running_world()
-        from ..rank.inspect import grad_stats
+        from ..rank.grads import grad_stats
         from ..widgets.grads import grad_report, grads_text, grads_widget
 
         result = self._on_ranks(grad_stats, model)
