@@ -127,7 +127,7 @@ class World:
         self.receiver = None  # the notebook's end of the ranks' shared-memory segments (--gather)
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
-        self.lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
+        self._lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
         self.warned = set()  # what was said once about this world's ranks (replicas that drifted apart)
         self._reaper = None
         self._processes = []
@@ -149,7 +149,13 @@ class World:
     def state(self):
         """Where the world is in its lifecycle (``lifecycle.State``): stopped, starting, idle, running,
         recovering, stopping or dead."""
-        return self.lifecycle.state
+        return self._lifecycle.state
+
+    @property
+    def why_ended(self):
+        """Why the world last stopped when the user did not ask (``None`` once it started again, or when it never
+        did): ``%mpi status`` says it, and the next ``%%mpi`` starts the same world again."""
+        return self._lifecycle.ended
 
     def start(self):
         """Launch the controller and ``mpiexec -n size`` engines; return ``self`` once every rank answers.
@@ -158,10 +164,22 @@ class World:
         can take one in between ("Address already in use"); such a start is retried once with new ports.
         """
         try:
-            return Startup(self).run(_live_worlds)
+            return self._start()
         except PortTaken:
             log.warning("a port was taken while the world started; starting again with new ports")
-            return Startup(self).run(_live_worlds)
+            return self._start()
+
+    def _start(self):
+        self._lifecycle.move(State.STARTING)
+        try:
+            Startup(self).run(_live_worlds)  # a failed start stops what it launched (the world is stopped)
+        except StartInterrupted:
+            self._lifecycle.ended = "its start was interrupted"
+            raise
+        self.started_at = time.time()
+        self._lifecycle.move(State.IDLE)
+        self._lifecycle.ended = None
+        return self
 
     def stop(self, *, kill=False):
         """Stop every process this world started; those that do not exit in time are killed by pid.
@@ -170,11 +188,11 @@ class World:
         (SIGINT) meanwhile waits for it: a stop cut half-way would leave processes nobody can end.
         """
         with stops.deferred():
-            self.lifecycle.move(State.STOPPING)
+            self._lifecycle.move(State.STOPPING)
             try:
                 self._stop(kill)
             finally:
-                self.lifecycle.move(State.STOPPED)
+                self._lifecycle.move(State.STOPPED)
 
     def _stop(self, kill):
         cluster, client, channel = self.cluster, self.client, self.channel
@@ -234,10 +252,33 @@ class World:
             self.stop(kill=kill)
             self.size = size
             if stops.presses() > pressed:
-                self.lifecycle.ended = "its restart was interrupted"
+                self._lifecycle.ended = "its restart was interrupted"
                 raise StartInterrupted(f"the restart was interrupted while the world stopped: its {self.size} ranks "
                                        "are stopped and none was started, so no world is running")
             return self.start()
+
+    # ------------------------------------------------------------------ a cell's moves (cellrun.py, running.py)
+
+    def mark_running(self):
+        """A cell was sent to the ranks."""
+        self._lifecycle.move(State.RUNNING)
+
+    def mark_recovering(self):
+        """The running cell was stopped: its ranks are answering the interrupt, or being let out of MPI."""
+        self._lifecycle.move(State.RECOVERING)
+
+    def mark_idle(self):
+        """Every rank is done with the cell and waits for the next one."""
+        self._lifecycle.move(State.IDLE)
+
+    def mark_dead(self):
+        """A rank died: the world runs no cell until it is restarted."""
+        self._lifecycle.move(State.DEAD)
+
+    def mark_ended(self, why):
+        """The world was stopped, or could not be started again, without the user asking: *why*, for
+        :attr:`why_ended`."""
+        self._lifecycle.ended = why
 
     # ------------------------------------------------------------------ use
 

@@ -16,7 +16,6 @@ from ..wire.channel import Channel
 from . import ipp, mpis, stops
 from .gather import Receiver
 from .launchers import SlurmJob, is_this_host
-from .lifecycle import State
 from .reaper import alive
 
 # Keep MPI's own traffic on loopback too (libfabric's tcp/sockets providers, UCX), unless asked otherwise.
@@ -79,7 +78,6 @@ class Startup:
         A Stop is acted on at the start's safe points (between its steps, and while it waits): what started is
         stopped, and :class:`~mpinb.errors.StartInterrupted` says so; it never lands inside ipyparallel."""
         world = self.world
-        world.lifecycle.move(State.STARTING)
         self.doing = "preparing the start"
         with stops.deferred():
             self.pressed = stops.presses()
@@ -97,17 +95,12 @@ class Startup:
                 if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, StartInterrupted):
                     exc = self._interrupted()  # a Stop in code that raises as usual (a batch job's commands)
                 if isinstance(exc, StartInterrupted):
-                    world.lifecycle.ended = "its start was interrupted"
                     raise exc from None
                 raise
         self._end_line()
         # from now on mpinb reports what happens to the ranks itself; ipyparallel would add a warning with every
         # engine's start-up log whenever mpiexec ends non-zero (a rank died, or the world was stopped)
         world.cluster.log.setLevel(logging.ERROR)
-        world.started_at = time.time()
-        world.lifecycle.move(State.IDLE)
-        world.lifecycle.ended = None
-        return world
 
     def _check_stop(self):
         """A safe point: raise :class:`StartInterrupted` if Stop was pressed since the start began."""
