@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -13,11 +14,13 @@ from pathlib import Path
 import psutil
 
 from ..errors import BadArguments, MPIError, StartInterrupted
-from . import ipp, leftovers, status, stops
-from .launchers import Placement
+from ..wire.channel import Channel
+from . import ipp, leftovers, mpis, status, stops
+from .gather import Receiver
+from .launchers import Placement, SlurmJob
 from .lifecycle import Lifecycle, State
 from .reaper import alive, end_processes, has_ended, remove_world_files, signal_all
-from .startup import PortTaken, Startup
+from .startup import PortTaken, Startup, heartbeat_period
 
 log = logging.getLogger("mpinb")
 
@@ -110,6 +113,7 @@ class World:
         self.mpiexec = mpiexec
         self.mpi_choice, self.mpi_library = mpi, mpi_library
         self.mpi = None  # the mpis.MPI resolved at start
+        self.heartbeat_ms = None  # the period of the last start
         self.mpiexec_args = list(mpiexec_args)
         self.ip = ip
         self.job = None  # the SlurmJob the ranks run in (Slurm launcher)
@@ -132,6 +136,7 @@ class World:
         self._reaper = None
         self._processes = []
         self._engine_processes = {}  # rank -> psutil.Process of its engine on this host, made on first check
+        self._checked = (None, set(), set())  # when dead_ranks last asked, about which ranks, which were dead
         self._shared_files = set()
         self.shared_files_seen = set()  # every shared-memory file this world's ranks mapped (all removed at stop)
 
@@ -172,7 +177,7 @@ class World:
     def _start(self):
         self._lifecycle.move(State.STARTING)
         try:
-            Startup(self).run(_live_worlds)  # a failed start stops what it launched (the world is stopped)
+            Startup(self).run()  # a failed start stops what it launched (the world is stopped)
         except StartInterrupted:
             self._lifecycle.ended = "its start was interrupted"
             raise
@@ -180,6 +185,75 @@ class World:
         self._lifecycle.move(State.IDLE)
         self._lifecycle.ended = None
         return self
+
+    # ------------------------------------------------------------------ a start's parts (startup.py)
+    # Startup hands each part over as soon as it is made: a start that fails or is stopped half-way is rolled
+    # back by stop(), which ends whatever the world holds.
+
+    def resolve_mpi(self):
+        """The MPI this start launches (``mpis.MPI``): the one asked for, else the one found (``mpis.resolve``)."""
+        self.mpi = mpis.resolve(self.mpi_choice, self.mpiexec, self.mpi_library)
+        return self.mpi
+
+    def prepare(self):
+        """This start's heartbeat period, and the folder its ranks' launchers write how each engine ended in
+        (removed at stop)."""
+        self.heartbeat_ms = int(self.heartbeat_choice or heartbeat_period(self.size))
+        self.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
+
+    def launching(self, cluster):
+        """This start's ipyparallel *cluster*, configured, nothing launched yet: from now on the world is stopped
+        when the kernel exits."""
+        self.cluster = cluster
+        _live_worlds.add(self)
+
+    def launched(self):
+        """The controller and ``mpiexec`` (or the batch job) are launched: a reaper watches their processes at
+        once, so that a killed kernel leaves nothing, also while the ranks register."""
+        job_id = self.job_id()
+        if self.placement.launcher == "slurm" and job_id:
+            self.job = SlurmJob(job_id)
+        self._start_reaper(self.launched_processes())
+
+    def connect_client(self):
+        """ipyparallel's client of the controller, once it wrote its connection files."""
+        self.client = self.cluster.connect_client_sync()
+        return self.client
+
+    def registered(self, engines, identities):
+        """Every rank registered and was told its rank: *engines* ``{rank: engine id}``, *identities* ``{rank:
+        who}``. The reaper now watches the ranks' processes too, and the shared memory they mapped is noted
+        (removed at stop if a rank that died left it)."""
+        self.engines, self.identities = engines, identities
+        self._processes = self.launched_processes() + self.rank_processes()
+        self._start_reaper()  # again, watching what started since too
+        self._shared_files = self._mapped_shared_files()
+
+    def open_channel(self, secret):
+        """The cell channel to the ranks, its messages signed with *secret* (``None``: encrypted instead), and
+        the notebook's end of the ranks' shared-memory segments."""
+        self.channel = Channel(self.ip, secret=secret)
+        self.receiver = Receiver()
+        return self.channel
+
+    def connected(self, stack_files):
+        """Every rank's agent is connected to the channel; *stack_files* ``{rank: path}`` is where each dumps its
+        stacks on SIGUSR2."""
+        self.stack_files = stack_files
+
+    @property
+    def processes(self):
+        """The processes this world started that run while it does (the controller, ``mpiexec`` and what it
+        started, the engines, a batch job's ranks on this host), as ``psutil.Process``; empty once stopped."""
+        return list(self._processes)
+
+    @property
+    def shared_files(self):
+        """The shared-memory files the ranks on this host had mapped once they started (MPI's own segments
+        among them): what stop removes where a rank that died left them."""
+        return frozenset(self._shared_files)
+
+    # ------------------------------------------------------------------ stop
 
     def stop(self, *, kill=False):
         """Stop every process this world started; those that do not exit in time are killed by pid.
@@ -202,7 +276,7 @@ class World:
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
-        processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
+        processes = self._processes or (self.launched_processes(cluster) if cluster is not None else [])
         self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
         if cluster is not None:
             cluster.log.setLevel(logging.ERROR)  # also for a world that failed to start: mpinb said why
@@ -371,7 +445,7 @@ class World:
         however soon), and for ranks on other hosts what the hub said less than *within* seconds ago (cells run
         back to back do not ask it each time; a rank dying meanwhile is found by the cell's own checks)."""
         ranks = self.ranks if ranks is None else list(ranks)
-        when, checked, dead = getattr(self, "_checked", (None, set(), set()))
+        when, checked, dead = self._checked
         if when is not None and time.monotonic() - when < within and checked.issuperset(ranks) and not dead:
             return sorted(self._dead_here(ranks))
         return self.dead_ranks(ranks)
@@ -412,7 +486,7 @@ class World:
                 return ipp.job_id(launcher)
         return None
 
-    def _rank_processes(self):
+    def rank_processes(self):
         """Processes of the ranks on this host that this kernel did not start itself (a batch job's): each
         engine and the ``mpinb.rank.launch`` parent above it."""
         if not self.placement.batch:
@@ -429,7 +503,9 @@ class World:
                 pass
         return processes
 
-    def _launched_processes(self, cluster=None):
+    def launched_processes(self, cluster=None):
+        """The processes this kernel started for *cluster* (default: the world's): the controller, and
+        ``mpiexec`` (or the batch launcher) with everything below it."""
         cluster = cluster or self.cluster
         processes = []
         for launcher in [cluster.controller, *cluster.engines.values()]:
