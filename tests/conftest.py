@@ -60,7 +60,7 @@ def no_world(ip, magics):
 
 def world_processes(world):
     """Every process the world started (controller, mpiexec, its proxy, the engines), as psutil objects."""
-    return list(world._processes)
+    return world.processes
 
 
 def assert_all_gone(processes, timeout=10):

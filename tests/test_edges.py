@@ -186,7 +186,7 @@ def test_a_killed_kernel_not_yet_waited_for_is_dead_to_the_reaper():
               "ip = InteractiveShell.instance()\nip.run_line_magic('load_ext', 'mpinb')\n"
               "ip.run_cell_magic('mpi', '-n 2', 'x = rank')\n"
               "world = ip.magics_manager.registry['MPIMagics'].world\n"
-              "print('PIDS', json.dumps([p.pid for p in world._processes]), flush=True)\ntime.sleep(600)\n")
+              "print('PIDS', json.dumps([p.pid for p in world.processes]), flush=True)\ntime.sleep(600)\n")
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         line = ""

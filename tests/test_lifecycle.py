@@ -188,7 +188,7 @@ def test_ranks_on_this_host_read_a_whole_copy_of_the_controllers_engine_file(wor
 
 def test_a_dead_rank_leaves_no_process_and_no_shared_memory(ip, magics, world_of, mpi):
     world = world_of(2)
-    shared = set(world._shared_files)
+    shared = set(world.shared_files)
     assert any(os.path.basename(path).startswith("mpich_shm_") for path in shared)  # MPI's own segment
     processes = world_processes(world)
     with pytest.raises(RankError, match="died"):
@@ -239,7 +239,7 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
         reply = client.execute_interactive(
             "%load_ext mpinb\n%mpi start -n 2\nimport json\n"
             "print('PIDS', json.dumps([p.pid for p in get_ipython().magics_manager.registry['MPIMagics']"
-            ".world._processes]))", timeout=120, output_hook=lambda msg: outputs.append(msg))
+            ".world.processes]))", timeout=120, output_hook=lambda msg: outputs.append(msg))
         assert reply["content"]["status"] == "ok"
     finally:
         client.stop_channels()

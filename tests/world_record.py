@@ -1,9 +1,9 @@
 """Which processes the tests' own worlds started, wherever they run: in the test process, or in the kernels and
 Jupyter servers the tests start (through an IPython startup file, see ``conftest.py``).
 
-Every process mpinb lists as a world's own (``World._launched_processes``, ``World._rank_processes``) is noted,
-pid and start time, in the file ``$MPINB_TEST_RECORD`` names; a check for leftovers then looks at exactly those,
-never at the rest of the machine, where other MPI jobs and mpinb worlds may run.
+Every process mpinb lists as a world's own (``World.launched_processes``, ``World.rank_processes``) is
+noted, pid and start time, in the file ``$MPINB_TEST_RECORD`` names; a check for leftovers then looks at exactly
+those, never at the rest of the machine, where other MPI jobs and mpinb worlds may run.
 """
 
 import os
@@ -17,7 +17,7 @@ def install():
     """Note the processes of every world this process starts from now on (idempotent)."""
     from mpinb.notebook.cluster import World
 
-    for name in ("_launched_processes", "_rank_processes"):
+    for name in ("launched_processes", "rank_processes"):
         method = getattr(World, name)
         if getattr(method, "recorded", False):
             continue

@@ -10,7 +10,6 @@ from IPython.core.error import StdinNotImplementedError
 from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
 from . import stops
-from .lifecycle import State
 from ..wire.kinds import CellReply, Input, Metrics, Out, Reply, Settled, TraceSpans, Waiting, Where
 from .diagnose import capture_stacks
 from .mismatch import MismatchWatch, after_cell, at_death
@@ -51,7 +50,7 @@ class CellRun:
         caller ends the world)."""
         settings, now = self.settings, time.monotonic()
         self.started = time.perf_counter()
-        self.world.lifecycle.move(State.RUNNING)
+        self.world.mark_running()
         with stops.deferred():
             self.pressed = stops.presses()
             try:
@@ -60,7 +59,7 @@ class CellRun:
                 dead = self.world.dead_ranks(self.ranks)
                 if not dead:
                     raise
-                self.world.lifecycle.move(State.DEAD)
+                self.world.mark_dead()
                 raise MPIError(died_earlier(self.world, dead)) from None
             self.deadline = now + settings.timeout if settings.timeout else None
             self.check_liveness_at = now + settings.liveness_every
@@ -228,7 +227,7 @@ class CellRun:
         communication do not answer an interrupt: when all of them do, they are given up on at once."""
         result, settings, pending = self.result, self.settings, self.pending
         result.trouble = reason
-        self.world.lifecycle.move(State.RECOVERING)
+        self.world.mark_recovering()
         stacks = dict(stacks or {})
         missing = [rank for rank in pending if rank not in stacks]
         result.stacks = {**capture_stacks(self.world, missing), **stacks} if missing else stacks
@@ -262,9 +261,9 @@ class CellRun:
         for name, values in result.gathered.items():  # rank order, whatever order the replies came in
             result.gathered[name] = PerRank(sorted(values.items()))
         if result.first_death is not None:
-            self.world.lifecycle.move(State.DEAD)
+            self.world.mark_dead()
         elif not (result.stuck or result.ended or result.inconsistent):
-            self.world.lifecycle.move(State.IDLE)  # else the caller ends or restarts the world
+            self.world.mark_idle()  # else the caller ends or restarts the world
         if self.interrupted is not None:
             self.interrupted.mpinb_result = result  # where each rank was, for whoever handles the interrupt
             raise self.interrupted

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import time
 import weakref
 from pathlib import Path
@@ -13,11 +14,13 @@ from pathlib import Path
 import psutil
 
 from ..errors import BadArguments, MPIError, StartInterrupted
-from . import ipp, leftovers, status, stops
-from .launchers import Placement
+from ..wire.channel import Channel
+from . import ipp, leftovers, mpis, status, stops
+from .gather import Receiver
+from .launchers import Placement, SlurmJob
 from .lifecycle import Lifecycle, State
 from .reaper import alive, end_processes, has_ended, remove_world_files, signal_all
-from .startup import PortTaken, Startup
+from .startup import PortTaken, Startup, heartbeat_period
 
 log = logging.getLogger("mpinb")
 
@@ -110,6 +113,7 @@ class World:
         self.mpiexec = mpiexec
         self.mpi_choice, self.mpi_library = mpi, mpi_library
         self.mpi = None  # the mpis.MPI resolved at start
+        self.heartbeat_ms = None  # the period of the last start
         self.mpiexec_args = list(mpiexec_args)
         self.ip = ip
         self.job = None  # the SlurmJob the ranks run in (Slurm launcher)
@@ -127,11 +131,12 @@ class World:
         self.receiver = None  # the notebook's end of the ranks' shared-memory segments (--gather)
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
-        self.lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
+        self._lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
         self.warned = set()  # what was said once about this world's ranks (replicas that drifted apart)
         self._reaper = None
         self._processes = []
         self._engine_processes = {}  # rank -> psutil.Process of its engine on this host, made on first check
+        self._checked = (None, set(), set())  # when dead_ranks last asked, about which ranks, which were dead
         self._shared_files = set()
         self.shared_files_seen = set()  # every shared-memory file this world's ranks mapped (all removed at stop)
 
@@ -149,7 +154,13 @@ class World:
     def state(self):
         """Where the world is in its lifecycle (``lifecycle.State``): stopped, starting, idle, running,
         recovering, stopping or dead."""
-        return self.lifecycle.state
+        return self._lifecycle.state
+
+    @property
+    def why_ended(self):
+        """Why the world last stopped when the user did not ask (``None`` once it started again, or when it never
+        did): ``%mpi status`` says it, and the next ``%%mpi`` starts the same world again."""
+        return self._lifecycle.ended
 
     def start(self):
         """Launch the controller and ``mpiexec -n size`` engines; return ``self`` once every rank answers.
@@ -158,10 +169,91 @@ class World:
         can take one in between ("Address already in use"); such a start is retried once with new ports.
         """
         try:
-            return Startup(self).run(_live_worlds)
+            return self._start()
         except PortTaken:
             log.warning("a port was taken while the world started; starting again with new ports")
-            return Startup(self).run(_live_worlds)
+            return self._start()
+
+    def _start(self):
+        self._lifecycle.move(State.STARTING)
+        try:
+            Startup(self).run()  # a failed start stops what it launched (the world is stopped)
+        except StartInterrupted:
+            self._lifecycle.ended = "its start was interrupted"
+            raise
+        self.started_at = time.time()
+        self._lifecycle.move(State.IDLE)
+        self._lifecycle.ended = None
+        return self
+
+    # ------------------------------------------------------------------ a start's parts (startup.py)
+    # Startup hands each part over as soon as it is made: a start that fails or is stopped half-way is rolled
+    # back by stop(), which ends whatever the world holds.
+
+    def resolve_mpi(self):
+        """The MPI this start launches (``mpis.MPI``): the one asked for, else the one found (``mpis.resolve``)."""
+        self.mpi = mpis.resolve(self.mpi_choice, self.mpiexec, self.mpi_library)
+        return self.mpi
+
+    def prepare(self):
+        """This start's heartbeat period, and the folder its ranks' launchers write how each engine ended in
+        (removed at stop)."""
+        self.heartbeat_ms = int(self.heartbeat_choice or heartbeat_period(self.size))
+        self.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
+
+    def launching(self, cluster):
+        """This start's ipyparallel *cluster*, configured, nothing launched yet: from now on the world is stopped
+        when the kernel exits."""
+        self.cluster = cluster
+        _live_worlds.add(self)
+
+    def launched(self):
+        """The controller and ``mpiexec`` (or the batch job) are launched: a reaper watches their processes at
+        once, so that a killed kernel leaves nothing, also while the ranks register."""
+        job_id = self.job_id()
+        if self.placement.launcher == "slurm" and job_id:
+            self.job = SlurmJob(job_id)
+        self._start_reaper(self.launched_processes())
+
+    def connect_client(self):
+        """ipyparallel's client of the controller, once it wrote its connection files."""
+        self.client = self.cluster.connect_client_sync()
+        return self.client
+
+    def registered(self, engines, identities):
+        """Every rank registered and was told its rank: *engines* ``{rank: engine id}``, *identities* ``{rank:
+        who}``. The reaper now watches the ranks' processes too, and the shared memory they mapped is noted
+        (removed at stop if a rank that died left it)."""
+        self.engines, self.identities = engines, identities
+        self._processes = self.launched_processes() + self.rank_processes()
+        self._start_reaper()  # again, watching what started since too
+        self._shared_files = self._mapped_shared_files()
+
+    def open_channel(self, secret):
+        """The cell channel to the ranks, its messages signed with *secret* (``None``: encrypted instead), and
+        the notebook's end of the ranks' shared-memory segments."""
+        self.channel = Channel(self.ip, secret=secret)
+        self.receiver = Receiver()
+        return self.channel
+
+    def connected(self, stack_files):
+        """Every rank's agent is connected to the channel; *stack_files* ``{rank: path}`` is where each dumps its
+        stacks on SIGUSR2."""
+        self.stack_files = stack_files
+
+    @property
+    def processes(self):
+        """The processes this world started that run while it does (the controller, ``mpiexec`` and what it
+        started, the engines, a batch job's ranks on this host), as ``psutil.Process``; empty once stopped."""
+        return list(self._processes)
+
+    @property
+    def shared_files(self):
+        """The shared-memory files the ranks on this host had mapped once they started (MPI's own segments
+        among them): what stop removes where a rank that died left them."""
+        return frozenset(self._shared_files)
+
+    # ------------------------------------------------------------------ stop
 
     def stop(self, *, kill=False):
         """Stop every process this world started; those that do not exit in time are killed by pid.
@@ -170,11 +262,11 @@ class World:
         (SIGINT) meanwhile waits for it: a stop cut half-way would leave processes nobody can end.
         """
         with stops.deferred():
-            self.lifecycle.move(State.STOPPING)
+            self._lifecycle.move(State.STOPPING)
             try:
                 self._stop(kill)
             finally:
-                self.lifecycle.move(State.STOPPED)
+                self._lifecycle.move(State.STOPPED)
 
     def _stop(self, kill):
         cluster, client, channel = self.cluster, self.client, self.channel
@@ -184,7 +276,7 @@ class World:
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
-        processes = self._processes or (self._launched_processes(cluster) if cluster is not None else [])
+        processes = self._processes or (self.launched_processes(cluster) if cluster is not None else [])
         self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
         if cluster is not None:
             cluster.log.setLevel(logging.ERROR)  # also for a world that failed to start: mpinb said why
@@ -234,10 +326,33 @@ class World:
             self.stop(kill=kill)
             self.size = size
             if stops.presses() > pressed:
-                self.lifecycle.ended = "its restart was interrupted"
+                self._lifecycle.ended = "its restart was interrupted"
                 raise StartInterrupted(f"the restart was interrupted while the world stopped: its {self.size} ranks "
                                        "are stopped and none was started, so no world is running")
             return self.start()
+
+    # ------------------------------------------------------------------ a cell's moves (cellrun.py, running.py)
+
+    def mark_running(self):
+        """A cell was sent to the ranks."""
+        self._lifecycle.move(State.RUNNING)
+
+    def mark_recovering(self):
+        """The running cell was stopped: its ranks are answering the interrupt, or being let out of MPI."""
+        self._lifecycle.move(State.RECOVERING)
+
+    def mark_idle(self):
+        """Every rank is done with the cell and waits for the next one."""
+        self._lifecycle.move(State.IDLE)
+
+    def mark_dead(self):
+        """A rank died: the world runs no cell until it is restarted."""
+        self._lifecycle.move(State.DEAD)
+
+    def mark_ended(self, why):
+        """The world was stopped, or could not be started again, without the user asking: *why*, for
+        :attr:`why_ended`."""
+        self._lifecycle.ended = why
 
     # ------------------------------------------------------------------ use
 
@@ -330,7 +445,7 @@ class World:
         however soon), and for ranks on other hosts what the hub said less than *within* seconds ago (cells run
         back to back do not ask it each time; a rank dying meanwhile is found by the cell's own checks)."""
         ranks = self.ranks if ranks is None else list(ranks)
-        when, checked, dead = getattr(self, "_checked", (None, set(), set()))
+        when, checked, dead = self._checked
         if when is not None and time.monotonic() - when < within and checked.issuperset(ranks) and not dead:
             return sorted(self._dead_here(ranks))
         return self.dead_ranks(ranks)
@@ -371,7 +486,7 @@ class World:
                 return ipp.job_id(launcher)
         return None
 
-    def _rank_processes(self):
+    def rank_processes(self):
         """Processes of the ranks on this host that this kernel did not start itself (a batch job's): each
         engine and the ``mpinb.rank.launch`` parent above it."""
         if not self.placement.batch:
@@ -388,7 +503,9 @@ class World:
                 pass
         return processes
 
-    def _launched_processes(self, cluster=None):
+    def launched_processes(self, cluster=None):
+        """The processes this kernel started for *cluster* (default: the world's): the controller, and
+        ``mpiexec`` (or the batch launcher) with everything below it."""
         cluster = cluster or self.cluster
         processes = []
         for launcher in [cluster.controller, *cluster.engines.values()]:

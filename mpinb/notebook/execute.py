@@ -7,7 +7,6 @@ from ..errors import GatherError, MPIError, RankError
 from ..wire.kinds import CellOptions
 from ..wire.ranks import label_ranks
 from .cellrun import CellRun
-from .lifecycle import State
 from .rank_errors import RESTART, died_earlier
 from .gather import missing_message
 from .output import RankPrinter, rank_ordered
@@ -112,7 +111,7 @@ def run_cell(world, code, *, ranks=None, options=None, **settings):
     result = CellResult(ranks=ranks, stdout={r: "" for r in ranks}, stderr={r: "" for r in ranks})
     dead = world.dead_ranks_lately(ranks, within=settings.liveness_every)
     if dead:
-        world.lifecycle.move(State.DEAD)
+        world.mark_dead()
         raise MPIError(died_earlier(world, dead))
     released = world.receiver.take_released() if world.receiver is not None else {}
     if released:  # the segments whose gathered values were all dropped: the ranks may write there again

@@ -65,9 +65,9 @@ class Inspecting:
     def show_status(self):
         world = self.world
         if world is None or not world.running:
-            if world is not None and world.lifecycle.ended:  # ended without being asked to: say why, and what next
+            if world is not None and world.why_ended:  # ended without being asked to: say why, and what next
                 print(f"no MPI world is running: the last one, of {world.size} rank{'s' if world.size != 1 else ''},"
-                      f" stopped because {world.lifecycle.ended}; the next %%mpi starts {world.size} again "
+                      f" stopped because {world.why_ended}; the next %%mpi starts {world.size} again "
                       "(%mpi start -n N: another size)")
             else:
                 print("no MPI world is running: %mpi start -n N starts one")

@@ -335,7 +335,7 @@ class MPIMagics(Running, Inspecting, Magics):
                 )
             return self.world
         world = self.world
-        if world is not None and world.lifecycle.ended and n in (None, world.size):
+        if world is not None and world.why_ended and n in (None, world.size):
             # the world ended without being asked to (three Stops, an interrupted restart): the same world again
             _timed_start(world.start)
             self.history = History()

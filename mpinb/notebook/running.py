@@ -84,7 +84,7 @@ class Running:
         size = self.world.size
         if result.ended:
             self.world.stop(kill=True)
-            self.world.lifecycle.ended = f"{result.ended} during a cell, which ended it"
+            self.world.mark_ended(f"{result.ended} during a cell, which ended it")
             return [f"{result.ended}: the world of {size} ranks was ended (its ranks killed, every rank's variables "
                     f"gone); the next %%mpi starts {size} fresh ranks"]
         if result.inconsistent:
@@ -109,7 +109,7 @@ class Running:
             return (f"{why}, so the world was stopped; its restart was interrupted, so no world is running: the next "
                     f"%%mpi starts {size} fresh ranks")
         except MPIError as exc:
-            self.world.lifecycle.ended = f"its restart failed: {exc}"
+            self.world.mark_ended(f"its restart failed: {exc}")
             return f"{why}, so the world was stopped, and its restart failed: {exc}"
         return (f"{why}, so the world was restarted with {size} fresh ranks: every rank's variables are gone; the "
                 "notebook's variables and mpinb.metrics() are kept")

@@ -6,17 +6,13 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 
 from ..errors import BadArguments, MPIError, StartInterrupted
 from ..rank import agent
 from ..rank import world as rank_world
-from ..wire.channel import Channel
 from . import ipp, mpis, stops
-from .gather import Receiver
-from .launchers import SlurmJob, is_this_host
-from .lifecycle import State
+from .launchers import is_this_host
 from .reaper import alive
 
 # Keep MPI's own traffic on loopback too (libfabric's tcp/sockets providers, UCX), unless asked otherwise.
@@ -72,20 +68,18 @@ class Startup:
         self.world = world
         self.line = None  # the Progress of this start
 
-    def run(self, registry):
-        """Launch, wait for every rank, connect; on any failure stop what started and raise. The world joins
-        *registry* (the worlds stopped at exit) as soon as there is something to stop.
+    def run(self):
+        """Launch, wait for every rank, connect, handing each part to the world as it is made; on any failure stop
+        what started and raise.
 
         A Stop is acted on at the start's safe points (between its steps, and while it waits): what started is
         stopped, and :class:`~mpinb.errors.StartInterrupted` says so; it never lands inside ipyparallel."""
         world = self.world
-        world.lifecycle.move(State.STARTING)
         self.doing = "preparing the start"
         with stops.deferred():
             self.pressed = stops.presses()
             try:
-                world.cluster = self._cluster()
-                registry.add(world)  # stopped at exit from now on
+                world.launching(self._cluster())  # stopped at exit from now on
                 self.line = self._progress_line()
                 for step in (self._launch, self._register, self._connect):
                     self._check_stop()
@@ -97,17 +91,12 @@ class Startup:
                 if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, StartInterrupted):
                     exc = self._interrupted()  # a Stop in code that raises as usual (a batch job's commands)
                 if isinstance(exc, StartInterrupted):
-                    world.lifecycle.ended = "its start was interrupted"
                     raise exc from None
                 raise
         self._end_line()
         # from now on mpinb reports what happens to the ranks itself; ipyparallel would add a warning with every
         # engine's start-up log whenever mpiexec ends non-zero (a rank died, or the world was stopped)
         world.cluster.log.setLevel(logging.ERROR)
-        world.started_at = time.time()
-        world.lifecycle.move(State.IDLE)
-        world.lifecycle.ended = None
-        return world
 
     def _check_stop(self):
         """A safe point: raise :class:`StartInterrupted` if Stop was pressed since the start began."""
@@ -125,7 +114,7 @@ class Startup:
         from traitlets.config import Config
 
         world = self.world
-        world.mpi = mpi = mpis.resolve(world.mpi_choice, world.mpiexec, world.mpi_library)
+        mpi = world.resolve_mpi()
         mpis.check(mpi, sys.executable)
         world.placement.check()
         remote = world.placement.remote_hosts()
@@ -135,8 +124,7 @@ class Startup:
                 "--ip with an address of this host they can reach (or 0.0.0.0 for every interface)"
             )
         config = Config()
-        world.heartbeat_ms = int(world.heartbeat_choice or heartbeat_period(world.size))
-        world.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
+        world.prepare()  # its heartbeat period and status folder
         # on this host the ranks start while the controller does, and wait for this copy of its engine file:
         # the controller writes its own in place, and an engine that read it half-written exited
         self.engine_file = os.path.join(world.status_dir, "engine.json")
@@ -186,23 +174,16 @@ class Startup:
         ranks = f"{world.size} rank{'s' if world.size != 1 else ''}"
         self._say(f"launching {ranks} with {os.path.basename(world.mpi.mpiexec)}")
         world.cluster.start_engines_sync(world.size)
-        job_id = world.job_id()
-        if world.placement.launcher == "slurm" and job_id:
-            world.job = SlurmJob(job_id)
-        # from here on a killed kernel leaves nothing, also while the ranks register
-        world._start_reaper(world._launched_processes())
+        world.launched()  # from here on a killed kernel leaves nothing, also while the ranks register
 
     def _register(self):
         """Every rank registered and told its rank; the reaper now watches the ranks too."""
         world = self.world
         self._wait_for_controller()
-        world.client = world.cluster.connect_client_sync()
+        client = world.connect_client()
         self._wait_for_engines()
-        self.everyone = world.client.direct_view(targets=list(world.client.ids))
-        self._learn_ranks(self.everyone)
-        world._processes = world._launched_processes() + world._rank_processes()
-        world._start_reaper()  # again, watching what started since too
-        world._shared_files = world._mapped_shared_files()
+        self.everyone = client.direct_view(targets=list(client.ids))
+        world.registered(*self._learn_ranks(self.everyone))
 
     def _connect(self):
         """Every rank's agent connected to a new cell channel."""
@@ -214,13 +195,11 @@ class Startup:
         if not world.client.session.key and not encrypted:
             raise MPIError("ipyparallel's messages are neither signed nor encrypted (Session.key is empty and "
                            "CurveZMQ is off): set a Session key or IPController.enable_curve in its config")
-        world.channel = Channel(world.ip, secret=None if encrypted else world.client.session.key)
-        world.receiver = Receiver()
+        channel = world.open_channel(None if encrypted else world.client.session.key)
         self._wait_for(self.everyone.apply_async(
-            agent.start, cells=world.channel.cells_url, events=world.channel.events_url, salt=world.channel.salt,
-            key=world.channel.sent_key, encrypt=world.channel.encrypt))
-        world.stack_files = world.channel.wait_for_ranks(world.ranks, timeout=world.start_timeout,
-                                                         check=self._check_stop)
+            agent.start, cells=channel.cells_url, events=channel.events_url, salt=channel.salt,
+            key=channel.sent_key, encrypt=channel.encrypt))
+        world.connected(channel.wait_for_ranks(world.ranks, timeout=world.start_timeout, check=self._check_stop))
 
     def _wait_for_controller(self):
         """Wait here for the controller's connection files, which ipyparallel's client waits for in a coroutine
@@ -351,6 +330,7 @@ class Startup:
         return "\n".join(chunks) or "(no output)"
 
     def _learn_ranks(self, view):
+        """``({rank: engine id}, {rank: who})`` of the ranks *view* reaches, once each was told its rank."""
         world = self.world
         replies = self._wait_for(view.apply_async(rank_world.init_world, threads=world.threads))
         sizes = {who["size"] for who in replies}
@@ -362,8 +342,7 @@ class Startup:
                 "loaded. Name the MPI (%mpi start --mpi mpich|openmpi|impi|/path/to/mpiexec), or give the "
                 "ranks its library (%config MPIMagics.mpi_library = '/path/to/libmpi.so')."
             )
-        world.engines = {who["rank"]: eid for eid, who in zip(view.targets, replies)}
-        world.identities = {who["rank"]: who for who in replies}
+        return {who["rank"]: eid for eid, who in zip(view.targets, replies)}, {who["rank"]: who for who in replies}
 
 
 def _written(path):
