@@ -309,7 +309,7 @@ def test_a_large_gather_costs_the_notebook_its_payload_and_no_more(ip, magics, w
     import psutil
 
     world_of(2)
-    magics.last = None
+    magics.cells.forget()
     gc.collect()
     before = psutil.Process().memory_info().rss
     mpi("import numpy as np\nbig = np.full(64 << 20, float(rank))", line="--gather big --no-inspect")  # 512 MiB each
@@ -320,7 +320,7 @@ def test_a_large_gather_costs_the_notebook_its_payload_and_no_more(ip, magics, w
         assert grown <= 1.1 * payload, f"the notebook grew by {grown / payload:.2f}x the payload"
     finally:
         del ip.user_ns["big"]
-        magics.last = None
+        magics.cells.forget()
         mpi("del big")
 
 

@@ -18,9 +18,9 @@ from . import arguments, stops
 from .cluster import World, check_size
 from .frontend import in_notebook
 from .history import History
-from .inspecting import Inspecting
 from .launchers import LAUNCHERS, Placement
-from .running import Running
+from .running import CellRunner
+from .world_commands import WorldCommands
 
 
 def _usage(method):
@@ -36,7 +36,7 @@ def _usage(method):
 
 
 @magics_class
-class MPIMagics(Running, Inspecting, Magics):
+class MPIMagics(Magics):
     """Drive an MPI world from IPython. Configure with ``%config MPIMagics.<option> = value``."""
 
     default_ranks = Integer(2, config=True, help="Ranks started by %%mpi when no world runs and -n is not given.")
@@ -111,10 +111,9 @@ class MPIMagics(Running, Inspecting, Magics):
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
         self.world = None
-        self.last = None  # the last cell's CellResult
-        self.live = None  # the last cell's LiveMetrics (its view, if it drew one)
         self.history = History()
-        self.last_trace = None  # the last traced cell's Trace
+        self.cells = CellRunner(self)  # runs %%mpi cells; keeps what the last one left
+        self.commands = WorldCommands(self, self.cells)  # the %mpi commands that look at the world
         views.keep_widgets = self.keep_widgets
         self.observe(lambda change: setattr(views, "keep_widgets", change["new"]), names="keep_widgets")
         if shell is not None:  # each view drawn by a cell is replaced by its static rendering when the cell ends
@@ -179,7 +178,8 @@ class MPIMagics(Running, Inspecting, Magics):
             In [6]: %mpi start -n 64 --launcher slurm --partition gpu --time 1:00:00 --ip 0.0.0.0
         """
         args = arguments.line_parser().parse_args(_split(line, "%mpi"))
-        getattr(self, f"_command_{args.command}")(args)
+        handler = getattr(self, f"_command_{args.command}", None) or getattr(self.commands, f"on_{args.command}")
+        handler(args)
 
     def _command_start(self, args):
         if self.world is not None and self.world.running:
@@ -303,7 +303,7 @@ class MPIMagics(Running, Inspecting, Magics):
         """:meth:`run` with Stops acted on at its safe points (a Stop between them, while results are shown, is
         too late to stop anything and is let go)."""
         with stops.deferred():
-            return self.run(cell, **options)
+            return self.cells.run(cell, **options)
 
     def stop(self):
         if self.world is None or not self.world.running:
@@ -342,8 +342,49 @@ class MPIMagics(Running, Inspecting, Magics):
             return world
         return self.start(n=n)
 
-    def _view(self):
+    def view_kind(self):
+        """How cells show what they draw: ``widgets``, ``text`` or ``off`` (``live_view``, ``auto`` resolved)."""
         return self.live_view if self.live_view != "auto" else ("widgets" if in_notebook(self.shell) else "text")
+
+    # what the last cell left, and the commands that look at the world, for code in the notebook (mpinb.metrics(),
+    # mpinb.view(), mpinb.trace()) and for tests
+
+    @property
+    def last(self):
+        """The last cell's :class:`~mpinb.notebook.execute.CellResult` (``None`` before the first)."""
+        return self.cells.last
+
+    @property
+    def live(self):
+        """The last cell's :class:`~mpinb.notebook.live.LiveMetrics` (its view, if it drew one)."""
+        return self.cells.live
+
+    @property
+    def last_trace(self):
+        """The last traced cell's trace."""
+        return self.cells.last_trace
+
+    def run(self, cell, **options):
+        """Run *cell* on the ranks (:meth:`CellRunner.run`)."""
+        return self.cells.run(cell, **options)
+
+    def world_view(self):
+        return self.commands.world_view()
+
+    def show_status(self):
+        return self.commands.show_status()
+
+    def show_grads(self, model):
+        return self.commands.show_grads(model)
+
+    def show_who(self):
+        return self.commands.show_who()
+
+    def show_metrics(self, *, run=None):
+        return self.commands.show_metrics(run=run)
+
+    def debug(self, rank):
+        return self.commands.debug(rank)
 
 
 def _timed_start(start):

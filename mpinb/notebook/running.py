@@ -1,6 +1,5 @@
 """A ``%%mpi`` cell from the magics to the ranks and back: the options it travels with, its live views, its
-gathered values assigned in the notebook, and what to do when ranks stayed stuck (a part of
-:class:`~mpinb.notebook.magics.MPIMagics`)."""
+gathered values assigned in the notebook, and what to do when ranks stayed stuck."""
 
 
 import sys
@@ -14,8 +13,24 @@ from .live import CellStatus, LiveMetrics, LiveTrace
 from .output import RankPrinter
 
 
-class Running:
-    """``%%mpi``'s run; the magics class supplies ``world``, ``history``, ``shell`` and its settings."""
+class CellRunner:
+    """Runs ``%%mpi`` cells for *magics* (:class:`~mpinb.notebook.magics.MPIMagics`), which it reads and never
+    writes: ``world`` (restarted here when ranks stay stuck), ``history``, ``shell``, ``view_kind()`` and the
+    settings ``report_interval``, ``collective_wait``, ``trace_buffer``, ``interrupt_grace``, ``status_after``,
+    ``abort_grace``, ``refresh_interval``, ``max_points``, ``gather_transport``.
+
+    Keeps what the last cell left: ``last`` (its :class:`~mpinb.notebook.execute.CellResult`), ``live`` (its
+    :class:`~mpinb.notebook.live.LiveMetrics`) and ``last_trace`` (the last traced cell's trace)."""
+
+    def __init__(self, magics):
+        self.magics = magics
+        self.last = None
+        self.live = None
+        self.last_trace = None
+
+    def forget(self):
+        """Let go of the last cell's result (and what its values hold)."""
+        self.last = None
 
     def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0, trace=False):
         """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed.
@@ -23,29 +38,29 @@ class Running:
         Each name in *gather* becomes a ``PerRank`` in the user namespace (the ranks that had it), shown in the
         tensor inspector when *inspect*; names missing or untransferable on some ranks raise ``GatherError``
         after the others are assigned. With *trace*, every rank's MPI calls are recorded and shown as a
-        timeline when the cell ends, failed or not (``self.last_trace``).
+        timeline when the cell ends, failed or not (``last_trace``).
         """
-        printer = RankPrinter(color=colored(self.shell))
-        view = self._view()
-        self.live = metrics = LiveMetrics(self.history, view=view, refresh_interval=self.refresh_interval,
-                              max_points=self.max_points)
+        printer = RankPrinter(color=colored(self.magics.shell))
+        view = self.magics.view_kind()
+        self.live = metrics = LiveMetrics(self.magics.history, view=view, refresh_interval=self.magics.refresh_interval,
+                              max_points=self.magics.max_points)
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
-        number = max(getattr(self.shell, "execution_count", 1) - 1, 0)
-        self.history.begin_cell()
+        number = max(getattr(self.magics.shell, "execution_count", 1) - 1, 0)
+        self.magics.history.begin_cell()
         # IPython's syntax turned into Python once here, not by every rank
         options = CellOptions(
-            settings=AgentSettings(self.report_interval, self.collective_wait or None),
-            source=_transformed(self.shell, cell), trace=bool(trace), trace_buffer=self.trace_buffer if trace else None,
+            settings=AgentSettings(self.magics.report_interval, self.magics.collective_wait or None),
+            source=_transformed(self.magics.shell, cell), trace=bool(trace), trace_buffer=self.magics.trace_buffer if trace else None,
             gather=GatherRequest(tuple(gather), self._transport(ranks), self._root(), bool(inspect)) if gather else None)
         tracer = LiveTrace(view=view) if trace else None
         try:
             self.last = result = execute.run_cell(
-                self.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
-                options=options, timeout=timeout or None, interrupt_grace=self.interrupt_grace,
-                status=CellStatus(self.history, widgets=view == "widgets", after=self.status_after),
-                abort_grace=self.abort_grace if self.abort_grace >= 0 else None,
-                collective_wait=self.collective_wait or None, trace=tracer,
-                progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
+                self.magics.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
+                options=options, timeout=timeout or None, interrupt_grace=self.magics.interrupt_grace,
+                status=CellStatus(self.magics.history, widgets=view == "widgets", after=self.magics.status_after),
+                abort_grace=self.magics.abort_grace if self.magics.abort_grace >= 0 else None,
+                collective_wait=self.magics.collective_wait or None, trace=tracer,
+                progress=lambda: views.Progress(notebook=in_notebook(self.magics.shell)),
             )
         except KeyboardInterrupt as exc:
             stopped = getattr(exc, "mpinb_result", None)
@@ -61,7 +76,7 @@ class Running:
             print(result.rank_ordered())
         if tracer is not None:
             self.last_trace = tracer.finish(result.ranks)
-        self.shell.user_ns.update(result.gathered)
+        self.magics.shell.user_ns.update(result.gathered)
         for note in result.gather_notes + result.warnings:
             print(f"[mpinb] {note}", file=sys.stderr)
         if gather and inspect and result.gathered:
@@ -70,7 +85,7 @@ class Running:
             result.raise_for_errors(notes=self._recover(result))
             result.raise_for_gather_errors()
         finally:
-            # the values are the user's now: held here too (self.last), they would keep the ranks' shared
+            # the values are the user's now: held here too (last), they would keep the ranks' shared
             # memory they are views of after the user dropped them
             result.gathered = {name: None for name in result.gathered}
         return result
@@ -81,10 +96,10 @@ class Running:
         cell's error says it, once: it is not printed as well)."""
         from ..wire.ranks import label_ranks
 
-        size = self.world.size
+        size = self.magics.world.size
         if result.ended:
-            self.world.stop(kill=True)
-            self.world.mark_ended(f"{result.ended} during a cell, which ended it")
+            self.magics.world.stop(kill=True)
+            self.magics.world.mark_ended(f"{result.ended} during a cell, which ended it")
             return [f"{result.ended}: the world of {size} ranks was ended (its ranks killed, every rank's variables "
                     f"gone); the next %%mpi starts {size} fresh ranks"]
         if result.inconsistent:
@@ -102,36 +117,36 @@ class Running:
     def _restart(self, why, *, kill):
         """Restart the world because of *why*; return the note that says so, or what happened instead when the
         restart did not complete."""
-        size = self.world.size
+        size = self.magics.world.size
         try:
-            self.world.restart(kill=kill)
+            self.magics.world.restart(kill=kill)
         except StartInterrupted:
             return (f"{why}, so the world was stopped; its restart was interrupted, so no world is running: the next "
                     f"%%mpi starts {size} fresh ranks")
         except MPIError as exc:
-            self.world.mark_ended(f"its restart failed: {exc}")
+            self.magics.world.mark_ended(f"its restart failed: {exc}")
             return f"{why}, so the world was stopped, and its restart failed: {exc}"
         return (f"{why}, so the world was restarted with {size} fresh ranks: every rank's variables are gone; the "
                 "notebook's variables and mpinb.metrics() are kept")
 
     def _transport(self, ranks):
-        transport = self.gather_transport
+        transport = self.magics.gather_transport
         if transport == "auto":
-            transport = "shm" if self.world.on_this_host(ranks) else "mpi"
-        if transport == "mpi" and ranks is not None and len(ranks) != self.world.size:
+            transport = "shm" if self.magics.world.on_this_host(ranks) else "mpi"
+        if transport == "mpi" and ranks is not None and len(ranks) != self.magics.world.size:
             transport = "frames"  # a collective needs every rank; a subset sends rank by rank
         return transport
 
     def _root(self):
         """The rank an MPI gather collects on: the first one on the notebook's host (its message is local)."""
-        return next((rank for rank in self.world.ranks if self.world.on_this_host([rank])), 0)
+        return next((rank for rank in self.magics.world.ranks if self.magics.world.on_this_host([rank])), 0)
 
     def _show_inspector(self, result):
         from ..widgets.inspector import inspector_text, inspector_widget
         from .leaf_reports import inspect_gathered
 
         reports = inspect_gathered(result.gathered, result.gather_stats)
-        if in_notebook(self.shell):
+        if in_notebook(self.magics.shell):
             from ..widgets.static import inspector_bundle
 
             views.show_at_end(lambda: inspector_widget(reports), lambda: inspector_bundle(reports),

@@ -1,5 +1,5 @@
-"""The magics that look at a running world without changing it: ``%mpi status``, ``output``, ``metrics``,
-``grads``, ``who``, ``trace``, ``view`` and ``debug`` (a part of :class:`~mpinb.notebook.magics.MPIMagics`)."""
+"""The ``%mpi`` commands that look at a running world without changing it: ``status``, ``output``, ``metrics``,
+``grads``, ``who``, ``trace``, ``view`` and ``debug``."""
 
 import re
 
@@ -17,43 +17,48 @@ from .output import RankPrinter
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-class Inspecting:
-    """``%mpi``'s inspecting subcommands; the magics class supplies ``world``, ``history``, ``shell`` and its
-    settings."""
+class WorldCommands:
+    """``%mpi``'s commands that look at the world of *magics* (:class:`~mpinb.notebook.magics.MPIMagics`), which
+    they read and never write: ``world``, ``history``, ``shell``, ``view_kind()``, the settings ``interrupt_grace``
+    and ``max_points``; what the last cell left is read from *cells* (:class:`~mpinb.notebook.running.CellRunner`).
+    ``on_<command>(args)`` answers ``%mpi <command>``."""
 
-    def _command_status(self, args):
+    def __init__(self, magics, cells):
+        self.magics, self.cells = magics, cells
+
+    def on_status(self, args):
         self.show_status()
 
-    def _command_output(self, args):
-        if self.last is None:
+    def on_output(self, args):
+        if self.cells.last is None:
             print("no %%mpi cell has run yet")
         else:
-            print(self.last.rank_ordered())
+            print(self.cells.last.rank_ordered())
 
-    def _command_metrics(self, args):
+    def on_metrics(self, args):
         self.show_metrics(run=args.run)
 
-    def _command_grads(self, args):
+    def on_grads(self, args):
         self.show_grads(args.model)
 
-    def _command_who(self, args):
+    def on_who(self, args):
         self.show_who()
 
-    def _command_debug(self, args):
+    def on_debug(self, args):
         self.debug(args.rank)
 
-    def _command_trace(self, args):
-        if self.last_trace is None:
+    def on_trace(self, args):
+        if self.cells.last_trace is None:
             print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
-        elif self._view() == "widgets":  # zoomable while the kernel lives; the static rendering for the file
+        elif self.magics.view_kind() == "widgets":  # zoomable while the kernel lives; the static rendering for the file
             from ..widgets import timeline
             from .traces import summarize
 
-            timeline.show(self.last_trace, summarize(self.last_trace))
+            timeline.show(self.cells.last_trace, summarize(self.cells.last_trace))
         else:
-            show_trace(self.last_trace, view=self._view())
+            show_trace(self.cells.last_trace, view=self.magics.view_kind())
 
-    def _command_view(self, args):
+    def on_view(self, args):
         self.world_view().activate()
         print("%px and %%px now run on every rank of this world (ipyparallel labels their output by engine "
               "id); mpinb.view() is the same view")
@@ -63,7 +68,7 @@ class Inspecting:
         return self._running_world().view
 
     def show_status(self):
-        world = self.world
+        world = self.magics.world
         if world is None or not world.running:
             if world is not None and world.why_ended:  # ended without being asked to: say why, and what next
                 print(f"no MPI world is running: the last one, of {world.size} rank{'s' if world.size != 1 else ''},"
@@ -75,7 +80,7 @@ class Inspecting:
         rows = world.status()
         first, _, rest = world.describe().partition("\n")
         header = f"{first}; {world.state}\n{rest}"  # its lifecycle state: idle between cells
-        if in_notebook(self.shell):
+        if in_notebook(self.magics.shell):
             display({"text/html": status_html(rows, header), "text/plain": status_text(rows, header)}, raw=True)
         else:
             print(status_text(rows, header))
@@ -94,7 +99,7 @@ class Inspecting:
             raise UsageError(f"%mpi grads {model}: {problems.pop()}")
         result.raise_for_errors()
         reports = grad_report(dict(result.values))
-        if in_notebook(self.shell):
+        if in_notebook(self.magics.shell):
             from ..widgets.static import grads_bundle
 
             views.show_at_end(lambda: grads_widget(reports), lambda: grads_bundle(reports), name="gradient view")
@@ -104,15 +109,15 @@ class Inspecting:
 
     def _running_world(self):
         """The running world, or a ``UsageError`` saying how to start one."""
-        if self.world is None or not self.world.running:
+        if self.magics.world is None or not self.magics.world.running:
             raise UsageError("no MPI world is running: %mpi start -n N starts one")
-        return self.world
+        return self.magics.world
 
     def _on_ranks(self, function, *args, ranks=None):
         """Call mpinb's own rank-side *function* (``%mpi grads``, ``who``, ``debug``) with *args* on *ranks*, as a
         cell whose value is what it returns: no code is sent, only the function's name; no mismatch roll call."""
-        return execute.run_cell(self.world, "", ranks=ranks, printer=RankPrinter(color=colored(self.shell)),
-                                interrupt_grace=self.interrupt_grace, collective_wait=None,
+        return execute.run_cell(self.magics.world, "", ranks=ranks, printer=RankPrinter(color=colored(self.magics.shell)),
+                                interrupt_grace=self.magics.interrupt_grace, collective_wait=None,
                                 options=CellOptions(call=Call.of(function, *args)))
 
     def show_who(self):
@@ -124,7 +129,7 @@ class Inspecting:
         result = self._on_ranks(who)
         result.raise_for_errors()
         rows = who_report(dict(result.values))
-        if in_notebook(self.shell):
+        if in_notebook(self.magics.shell):
             display({"text/html": who_html(rows), "text/plain": who_text(rows)}, raw=True)
         else:
             print(who_text(rows))
@@ -134,8 +139,8 @@ class Inspecting:
         """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); the other
         ranks are left as they are."""
         self._running_world()
-        if rank not in self.world.ranks:
-            raise UsageError(f"%mpi debug takes a rank of this world (0-{self.world.size - 1}), not {rank}")
+        if rank not in self.magics.world.ranks:
+            raise UsageError(f"%mpi debug takes a rank of this world (0-{self.magics.world.size - 1}), not {rank}")
         from ..rank.debug import post_mortem
 
         result = self._on_ranks(post_mortem, ranks=[rank])
@@ -143,7 +148,7 @@ class Inspecting:
 
     def show_metrics(self, *, run=None):
         """Charts and table (text in a terminal) of *run*, or of every run reported in this world."""
-        runs = self.history.runs()
+        runs = self.magics.history.runs()
         if run is not None:
             if run not in runs:
                 raise UsageError(f"no run {run!r} in this world's metrics; runs: {', '.join(runs) or 'none yet'}")
@@ -151,5 +156,5 @@ class Inspecting:
         if not runs:
             print("no metrics reported in this world yet: call mpinb.report(loss=...) in a %%mpi cell")
             return
-        view = "widgets" if in_notebook(self.shell) else "text"
-        LiveMetrics(self.history, view=view, max_points=self.max_points, runs=runs).finish()
+        view = "widgets" if in_notebook(self.magics.shell) else "text"
+        LiveMetrics(self.magics.history, view=view, max_points=self.magics.max_points, runs=runs).finish()
