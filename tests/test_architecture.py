@@ -1,6 +1,7 @@
 """docs/architecture.md names the modules where each behaviour lives: every one it names must exist and import,
 and every module of the package must be named there, so the page and the code cannot drift apart."""
 
+import ast
 import importlib
 import re
 from pathlib import Path
@@ -36,3 +37,44 @@ def test_every_module_of_the_package_is_on_the_architecture_page():
     folders = {".".join(path.parent.relative_to(ROOT).parts) for path in (ROOT / "mpinb").rglob("__init__.py")}
     missing = sorted(files - names - folders)
     assert not missing, f"docs/architecture.md does not say where these live: {missing}"
+
+
+def imports(path):
+    """``(module, name)`` for each ``from module import name`` of *path*, the module made absolute."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found += [(module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, None) for alias in node.names]
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A feature of several modules is a package whose modules share public names: ``_name`` stays in its module."""
+    private = [f"{path.relative_to(ROOT)}: {name} from {module}" for path in (ROOT / "mpinb").rglob("*.py")
+               for module, name in imports(path) if name and name.startswith("_") and not name.startswith("__")]
+    assert not private, private
+
+
+LAYERS = {"wire": 0, "rank": 1, "widgets": 2, "notebook": 3}  # each imports only its own layer and those below
+
+
+def test_no_import_runs_back_up_a_layer():
+    """``wire/`` (and ``errors.py`` above it) at the bottom, then ``rank/``, ``widgets/``, ``notebook/``: views are
+    handed what they draw and never import the notebook side; the ranks import nothing of the notebook."""
+    upward = []
+    for path in (ROOT / "mpinb").rglob("*.py"):
+        parts = path.relative_to(ROOT / "mpinb").parts
+        if parts[0] not in LAYERS:
+            continue
+        for module, _ in imports(path):
+            target = module.split(".")
+            if target[0] == "mpinb" and len(target) > 1 and LAYERS.get(target[1], -1) > LAYERS[parts[0]]:
+                upward.append(f"{path.relative_to(ROOT)} imports {module}")
+            if parts[0] == "wire" and module == "mpinb.errors":
+                upward.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not upward, upward
