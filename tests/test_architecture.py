@@ -78,3 +78,19 @@ def test_no_import_runs_back_up_a_layer():
             if parts[0] == "wire" and module == "mpinb.errors":
                 upward.append(f"{path.relative_to(ROOT)} imports {module}")
     assert not upward, upward
+
+
+def test_only_world_assigns_its_attributes():
+    """``World`` owns its state: code outside its class calls its methods, never sets what it holds."""
+    outside = []
+    for path in (ROOT / "mpinb" / "notebook").rglob("*.py"):
+        if path.name == "cluster.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for each in ast.walk(target):
+                    if isinstance(each, ast.Attribute) and ast.unparse(each.value).split(".")[-1] == "world":
+                        outside.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(target)}")
+    assert not outside, outside
