@@ -19,7 +19,8 @@ from . import ipp, leftovers, mpis, status, stops
 from .gather import Receiver
 from .launchers import Placement, SlurmJob
 from .lifecycle import Lifecycle, State
-from .reaper import alive, end_processes, has_ended, remove_world_files, signal_all
+from .liveness import Liveness
+from .reaper import alive, end_processes, remove_world_files, signal_all
 from .startup import PortTaken, Startup, heartbeat_period
 
 log = logging.getLogger("mpinb")
@@ -135,8 +136,7 @@ class World:
         self.warned = set()  # what was said once about this world's ranks (replicas that drifted apart)
         self._reaper = None
         self._processes = []
-        self._engine_processes = {}  # rank -> psutil.Process of its engine on this host, made on first check
-        self._checked = (None, set(), set())  # when dead_ranks last asked, about which ranks, which were dead
+        self._liveness = Liveness(self)  # which ranks have ended
         self._shared_files = set()
         self.shared_files_seen = set()  # every shared-memory file this world's ranks mapped (all removed at stop)
 
@@ -359,7 +359,7 @@ class World:
     def interrupt(self, ranks=None):
         """Send SIGINT to *ranks*: by pid when they run on this host, else through ipyparallel."""
         ranks = self.ranks if ranks is None else list(ranks)
-        local = self._local(ranks)
+        local = self.local_ranks(ranks)
         for rank in local:
             try:
                 os.kill(self.identities[rank]["pid"], signal.SIGINT)
@@ -395,66 +395,27 @@ class World:
     def on_this_host(self, ranks=None):
         """Whether *ranks* (default: all) run on the notebook's host, so they can share memory with it."""
         ranks = self.ranks if ranks is None else list(ranks)
-        return len(self._local(ranks)) == len(ranks)
+        return len(self.local_ranks(ranks)) == len(ranks)
 
     def dead_ranks(self, ranks=None):
-        """Ranks among *ranks* whose engine has ended: on this host, its process has exited; on another host,
-        ipyparallel's hub unregistered it (its heartbeats stopped for ``HEARTBEAT_SILENCE_MS``: the
-        process ended, or its host cannot be reached)."""
-        ranks = self.ranks if ranks is None else list(ranks)
-        dead = self._dead_here(ranks) + self._dead_elsewhere(ranks)
-        self._checked = (time.monotonic(), set(ranks), set(dead))
-        return sorted(dead)
+        """Ranks among *ranks* (default: all) whose engine has ended (:meth:`Liveness.dead_ranks`)."""
+        return self._liveness.dead_ranks(self.ranks if ranks is None else list(ranks))
 
-    def _dead_here(self, ranks):
-        """Those of *ranks* on this host whose engine process has ended: one read of each process's state."""
-        dead = []
-        for rank in self._local(ranks):
-            pid = self.identities[rank]["pid"]
-            process = self._engine_processes.get(rank)
-            if process is None or process.pid != pid:
-                try:
-                    process = self._engine_processes[rank] = psutil.Process(pid)
-                except psutil.NoSuchProcess:
-                    dead.append(rank)
-                    continue
-            if has_ended(process):
-                dead.append(rank)
-        return dead
+    def dead_ranks_lately(self, ranks=None, within=0.5):
+        """:meth:`dead_ranks`, asking the hub about ranks on other hosts at most every *within* seconds
+        (:meth:`Liveness.dead_ranks_lately`)."""
+        return self._liveness.dead_ranks_lately(self.ranks if ranks is None else list(ranks), within)
 
-    def _dead_elsewhere(self, ranks):
-        """Those of *ranks* on other hosts that ipyparallel's hub unregistered (or all of them, where the local
-        mpiexec that ran them has exited)."""
-        local = set(self._local(ranks))
-        remote = [rank for rank in ranks if rank not in local and rank in self.engines]
-        if not remote or self.client is None:
-            return []
-        registered = set(self.client.ids)  # reads the hub's unregistration notices first
-        gone = [rank for rank in remote if self.engines[rank] not in registered]
-        # Open MPI ends the whole job as soon as one rank dies, the engines' nannies with it: the hub
-        # would hear of it only when the heartbeats stop, but the local mpiexec has exited by then
-        return remote if len(gone) < len(remote) and self._launcher_ended() else gone
-
-    def _launcher_ended(self):
+    def launcher_ended(self):
         """Whether an ``mpiexec`` this process started has exited: its ranks on other hosts are ended or cut off."""
         processes = [ipp.process(launcher) for launcher in self.cluster.engines.values()] if self.cluster else []
         return any(process is not None and not alive(process) for process in processes)
 
-    def dead_ranks_lately(self, ranks=None, within=0.5):
-        """:meth:`dead_ranks`, read afresh on this host (a killed rank is known before the next cell is sent,
-        however soon), and for ranks on other hosts what the hub said less than *within* seconds ago (cells run
-        back to back do not ask it each time; a rank dying meanwhile is found by the cell's own checks)."""
-        ranks = self.ranks if ranks is None else list(ranks)
-        when, checked, dead = self._checked
-        if when is not None and time.monotonic() - when < within and checked.issuperset(ranks) and not dead:
-            return sorted(self._dead_here(ranks))
-        return self.dead_ranks(ranks)
-
     def is_remote(self, rank):
         """Whether *rank* runs on another host than the notebook's."""
-        return not self._local([rank])
+        return not self.local_ranks([rank])
 
-    def _local(self, ranks):
+    def local_ranks(self, ranks):
         """Those of *ranks* that run on the notebook's host (their pids mean something here)."""
         here = socket.gethostname()
         return [rank for rank in ranks if self.identities.get(rank, {}).get("host") == here]
@@ -492,7 +453,7 @@ class World:
         if not self.placement.batch:
             return []
         processes = []
-        for rank in self._local(self.ranks):
+        for rank in self.local_ranks(self.ranks):
             try:
                 engine = psutil.Process(self.identities[rank]["pid"])
                 processes.append(engine)

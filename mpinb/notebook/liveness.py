@@ -1,0 +1,65 @@
+"""Which of a world's ranks have ended: on the notebook's host, a read of each engine process's state; on other
+hosts, what ipyparallel's hub says (or all of them, when the local mpiexec that ran them has exited)."""
+
+import time
+
+import psutil
+
+from .reaper import has_ended
+
+
+class Liveness:
+    """The dead-rank checks of *world* (a :class:`~mpinb.notebook.cluster.World`, read only: its ``identities``,
+    ``engines``, ``client``, :meth:`local_ranks` and :meth:`launcher_ended`)."""
+
+    def __init__(self, world):
+        self.world = world
+        self.processes = {}  # rank -> psutil.Process of its engine on this host, made on first check
+        self.checked = (None, set(), set())  # when dead_ranks last asked, about which ranks, which were dead
+
+    def dead_ranks(self, ranks):
+        """Ranks among *ranks* whose engine has ended: on this host, its process has exited; on another host,
+        ipyparallel's hub unregistered it (its heartbeats stopped for ``HEARTBEAT_SILENCE_MS``: the
+        process ended, or its host cannot be reached)."""
+        dead = self.dead_here(ranks) + self.dead_elsewhere(ranks)
+        self.checked = (time.monotonic(), set(ranks), set(dead))
+        return sorted(dead)
+
+    def dead_ranks_lately(self, ranks, within):
+        """:meth:`dead_ranks`, read afresh on this host (a killed rank is known before the next cell is sent,
+        however soon), and for ranks on other hosts what the hub said less than *within* seconds ago (cells run
+        back to back do not ask it each time; a rank dying meanwhile is found by the cell's own checks)."""
+        when, checked, dead = self.checked
+        if when is not None and time.monotonic() - when < within and checked.issuperset(ranks) and not dead:
+            return sorted(self.dead_here(ranks))
+        return self.dead_ranks(ranks)
+
+    def dead_here(self, ranks):
+        """Those of *ranks* on this host whose engine process has ended: one read of each process's state."""
+        dead = []
+        for rank in self.world.local_ranks(ranks):
+            pid = self.world.identities[rank]["pid"]
+            process = self.processes.get(rank)
+            if process is None or process.pid != pid:
+                try:
+                    process = self.processes[rank] = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    dead.append(rank)
+                    continue
+            if has_ended(process):
+                dead.append(rank)
+        return dead
+
+    def dead_elsewhere(self, ranks):
+        """Those of *ranks* on other hosts that ipyparallel's hub unregistered (or all of them, where the local
+        mpiexec that ran them has exited)."""
+        world = self.world
+        local = set(world.local_ranks(ranks))
+        remote = [rank for rank in ranks if rank not in local and rank in world.engines]
+        if not remote or world.client is None:
+            return []
+        registered = set(world.client.ids)  # reads the hub's unregistration notices first
+        gone = [rank for rank in remote if world.engines[rank] not in registered]
+        # Open MPI ends the whole job as soon as one rank dies, the engines' nannies with it: the hub
+        # would hear of it only when the heartbeats stop, but the local mpiexec has exited by then
+        return remote if len(gone) < len(remote) and world.launcher_ended() else gone
