@@ -8,11 +8,12 @@ what the members of that communicator did at that collective's number. A mismatc
 cell without entering it); a rank that is merely late is waited for, and asked again a second later.
 """
 
+import dataclasses
 import time
 
 from ..wire.mirror import read_mirror
 from ..wire.rank_files import ledger_path
-from ..wire.kinds import Waiting
+from ..wire.kinds import Wait, Waiting, WhereAnswer
 from ..wire.ranks import label_ranks
 from .advice import advice
 from .diagnose import RankStack, capture_stacks
@@ -49,8 +50,9 @@ class MismatchWatch:
         """A :class:`Waiting` or :class:`Where` message from a rank's roll-call thread."""
         rank, _, where = message
         waiting = isinstance(message, Waiting)
-        if waiting and "asked" in self.states.get(rank, {}):
-            where["asked"] = self.states[rank]["asked"]  # it answered the roll call in progress already
+        before = self.states.get(rank)
+        if waiting and before is not None and before.asked is not None:
+            where = dataclasses.replace(where, asked=before.asked)  # it answered the roll call in progress already
         self.states[rank] = where
         if waiting and self.asked_at is None:
             self._call(time.monotonic() if now is None else now)
@@ -65,15 +67,15 @@ class MismatchWatch:
                     (self.next_call is None and self._long_wait(replies)):
                 self._call(now)
             return None
-        answered = all(self.states.get(rank, {}).get("asked") == self.calls for rank in self.ranks)
+        answered = all(_asked(self.states.get(rank)) == self.calls for rank in self.ranks)
         if not answered and now < self.asked_at + self.answer_within:
             return None
         self.asked_at = None
-        self._from_mirrors([rank for rank in self.ranks if self.states.get(rank, {}).get("asked") != self.calls])
+        self._from_mirrors([rank for rank in self.ranks if _asked(self.states.get(rank)) != self.calls])
         finished = {rank for rank, reply in replies.items() if reply.error is None}
         failed = {rank for rank, reply in replies.items() if reply.error is not None}
         self.verdict = diagnose(self.states, self.ranks, finished, failed, self.code)
-        if self.verdict is None and any(state.get("waiting") for state in self.states.values()):
+        if self.verdict is None and any(state.waiting for state in self.states.values()):
             self.next_call = now + self.again_after
         return self.verdict
 
@@ -91,7 +93,7 @@ class MismatchWatch:
             return False
         for rank in self.ranks:
             mirror = None if rank in replies else mirror_of(self.world, rank)
-            if mirror is not None and not mirror["raised"] and mirror["start_ns"] <= limit:
+            if mirror is not None and not mirror.raised and mirror.start_ns <= limit:
                 return True
         return False
 
@@ -102,25 +104,25 @@ class MismatchWatch:
         stacks = capture_stacks(self.world, silent, wait=0.5)
         for rank in silent:
             stack = stacks.get(rank)
-            self.states[rank] = {"waiting": waiting_from_mirror(self.world, rank, self.states, self.ranks),
-                                 "ledgers": {}, "asked": self.calls, "mirrored": True,
-                                 "frames": stack.frames if stack else [], "cell_file": stack.cell_file if stack else ""}
+            self.states[rank] = WhereAnswer(waiting_from_mirror(self.world, rank, self.states, self.ranks),
+                                            frames=tuple(stack.frames) if stack else (),
+                                            cell_file=stack.cell_file if stack else "", asked=self.calls,
+                                            mirrored=True)
 
     def _call(self, now):
         self.calls += 1
         self.asked_at, self.next_call = now, None
-        for state in self.states.values():
-            state.pop("asked", None)
+        self.states = {rank: dataclasses.replace(state, asked=None) for rank, state in self.states.items()}
         self.channel.roll_call(self.ranks, self.calls)
 
 
 def diagnose(states, ranks, finished, failed, code=""):
     """The mismatch the answers in *states* (``{rank: where}``) prove, as one line, or ``None``."""
-    waiting = {rank: state["waiting"] for rank, state in states.items() if state.get("waiting")}
-    for comm in sorted({wait["comm"] for wait in waiting.values()}):
-        first = min((wait for wait in waiting.values() if wait["comm"] == comm), key=lambda wait: wait["seq"])
-        seq, members = first["seq"], [rank for rank in first["members"] if rank in ranks]
-        entries = {rank: _entry(states.get(rank), comm, seq, rank in finished, rank in failed, first["members"])
+    waiting = {rank: state.waiting for rank, state in states.items() if state.waiting}
+    for comm in sorted({wait.comm for wait in waiting.values()}):
+        first = min((wait for wait in waiting.values() if wait.comm == comm), key=lambda wait: wait.seq)
+        seq, members = first.seq, [rank for rank in first.members if rank in ranks]
+        entries = {rank: _entry(states.get(rank), comm, seq, rank in finished, rank in failed, first.members)
                    for rank in members}
         signatures = [signature for kind, signature in entries.values() if kind in ("in", "passed") and signature]
         if _disagree(signatures) or any(kind == "finished" for kind, _ in entries.values()):
@@ -134,13 +136,13 @@ def after_cell(replies, ranks):
     ledgers = {rank: reply.collectives for rank, reply in replies.items() if reply.collectives is not None}
     if len(ledgers) < len(ranks):
         return None
-    used = {(name, tuple(ledger["members"])) for _, changed in ledgers.values() for name, ledger in changed.items()}
+    used = {(name, tuple(ledger.members)) for _, changed in ledgers.values() for name, ledger in changed.items()}
     for comm, members in sorted(used):
         # the members that hold this very communicator (a Split's colours share its name)
         present = [rank for rank in members if rank in ledgers and comm in ledgers[rank][0]
                    and tuple(ledgers[rank][0][comm][1]) == members]
         counts = {rank: ledgers[rank][0][comm][0] for rank in present}
-        recent = {rank: dict(ledgers[rank][1][comm]["recent"]) if comm in ledgers[rank][1] else {}
+        recent = {rank: dict(ledgers[rank][1][comm].recent) if comm in ledgers[rank][1] else {}
                   for rank in present}
         if len(set(counts.values())) > 1:
             seq = min(counts.values()) + 1
@@ -173,12 +175,12 @@ def at_death(world, ranks):
     in. One line, or ``None``."""
     waits = {rank: mirror_of(world, rank) for rank in ranks}
     waits = {rank: mirror for rank, mirror in waits.items() if mirror is not None}
-    for comm in sorted({mirror["comm"] for mirror in waits.values()}):
-        inside = {rank: mirror for rank, mirror in waits.items() if mirror["comm"] == comm}
-        if len({mirror["seq"] for mirror in inside.values()}) == 1 and \
-                _disagree([tuple(mirror["signature"]) for mirror in inside.values()]):
-            seq = next(iter(inside.values()))["seq"]
-            entries = {rank: ("in", tuple(mirror["signature"])) for rank, mirror in inside.items()}
+    for comm in sorted({mirror.comm for mirror in waits.values()}):
+        inside = {rank: mirror for rank, mirror in waits.items() if mirror.comm == comm}
+        if len({mirror.seq for mirror in inside.values()}) == 1 and \
+                _disagree([tuple(mirror.signature) for mirror in inside.values()]):
+            seq = next(iter(inside.values())).seq
+            entries = {rank: ("in", tuple(mirror.signature)) for rank, mirror in inside.items()}
             return _describe(comm, seq, entries, {}, "")
     return None
 
@@ -186,9 +188,9 @@ def at_death(world, ranks):
 def members(states, comm, ranks):
     """The world ranks in *comm*, as a rank's ledger in *states* (roll-call answers) gives them, else *ranks*."""
     for state in states.values():
-        ledger = state.get("ledgers", {}).get(comm)
+        ledger = state.ledgers.get(comm)
         if ledger is not None:
-            return tuple(ledger["members"])
+            return tuple(ledger.members)
     return tuple(ranks)
 
 
@@ -196,9 +198,9 @@ def waiting_from_mirror(world, rank, states, ranks):
     """The collective *rank* waits in, read from its mirror file, as its roll-call answer would give it: for a
     rank that cannot answer (a pickle-based collective holds the GIL). ``None`` when it is not in one."""
     mirror = mirror_of(world, rank) if world is not None else None
-    if mirror is None or mirror["raised"]:
+    if mirror is None or mirror.raised:
         return None
-    return dict(mirror, members=members(states, mirror["comm"], ranks))
+    return Wait(mirror.comm, members(states, mirror.comm, ranks), mirror.seq, mirror.signature)
 
 
 def mirror_of(world, rank):
@@ -213,17 +215,17 @@ def _entry(state, comm, seq, finished, failed, members=None):
     """``(kind, signature)`` of one member at collective *seq* of *comm*: in it, passed it, or where instead."""
     if state is None:
         return ("failed", None) if failed else ("finished", None) if finished else ("silent", None)
-    wait = state.get("waiting")
-    if wait is not None and wait["comm"] == comm and wait["seq"] == seq:
-        return "in", tuple(wait["signature"])
-    ledger = state["ledgers"].get(comm)
-    if ledger is not None and members is not None and tuple(ledger["members"]) != tuple(members):
+    wait = state.waiting
+    if wait is not None and wait.comm == comm and wait.seq == seq:
+        return "in", tuple(wait.signature)
+    ledger = state.ledgers.get(comm)
+    if ledger is not None and members is not None and tuple(ledger.members) != tuple(members):
         ledger = None  # a communicator of the same name without this rank's partners (another Split colour)
     if ledger is not None:
-        for number, signature in ledger["recent"]:
+        for number, signature in ledger.recent:
             if number == seq:
                 return "passed", tuple(signature)
-        if ledger["count"] >= seq:
+        if ledger.count >= seq:
             return "passed", None  # too long ago to say how
     if failed:
         return "failed", None
@@ -276,5 +278,9 @@ def _describe(comm, seq, entries, states, code, *, entered=False):
 
 
 def _stack(rank, state):
-    return RankStack(rank, frames=[tuple(frame) for frame in state.get("frames", [])],
-                     cell_file=state.get("cell_file", ""))
+    return RankStack(rank, frames=[tuple(frame) for frame in state.frames], cell_file=state.cell_file)
+
+
+def _asked(state):
+    """The roll call *state* answers (``None``: no answer yet, or one sent unasked)."""
+    return None if state is None else state.asked

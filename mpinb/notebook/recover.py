@@ -11,7 +11,7 @@ that differs by rank), nothing is attempted and mpinb restarts the world as befo
 
 import time
 
-from ..wire.kinds import Settled, Where
+from ..wire.kinds import Settled, Where, WhereAnswer
 from ..wire.ranks import label_ranks
 from . import mismatch
 
@@ -41,7 +41,7 @@ class Recovery:
 
     def feed(self, message):
         match message:
-            case Where(rank, _, where) if where.get("asked") == self.number:
+            case Where(rank, _, where) if where.asked == self.number:
                 self.states[rank] = where
             case Settled(rank, number, outcome) if number == self.number:
                 self.outcomes[rank] = outcome
@@ -68,9 +68,9 @@ class Recovery:
         for rank in silent:  # holding the GIL in a pickle-based collective, or gone: its mirror file says
             waiting = mismatch.waiting_from_mirror(self.world, rank, self.states, self.ranks)
             if waiting is not None:
-                self.states[rank] = {"waiting": waiting, "ledgers": {}, "p2p": None}
-        in_python = [rank for rank in pending if rank in self.states and not self.states[rank].get("waiting")
-                     and not self.states[rank].get("p2p")]
+                self.states[rank] = WhereAnswer(waiting)
+        in_python = [rank for rank in pending if rank in self.states and not self.states[rank].waiting
+                     and not self.states[rank].p2p]
         if in_python and now < self.began + self.settle_within:
             if now >= self.asked_at + 0.2:
                 self.asked_at = None  # ask again: those ranks are still on their way out of Python
@@ -106,20 +106,21 @@ def plan(states, ranks, pending, replies):
         state = states.get(rank)
         if state is None:
             return None, f"rank {rank} did not say where it waits"
-        waiting, p2p = state.get("waiting"), state.get("p2p")
+        waiting, p2p = state.waiting, state.p2p
         if waiting is not None:
-            comm, seq, signature = waiting["comm"], waiting["seq"], tuple(waiting["signature"])
-            for member in waiting["members"]:
+            comm, seq, signature = waiting.comm, waiting.seq, tuple(waiting.signature)
+            for member in waiting.members:
                 if member == rank or member not in ranks or (comm, seq, member) in joined:
                     continue
-                other = states.get(member, {})
-                theirs = other.get("waiting")
-                if theirs is not None and theirs["comm"] == comm:
-                    if theirs["seq"] == seq and tuple(theirs["signature"]) == signature:
+                other = states.get(member, WhereAnswer())
+                theirs = other.waiting
+                if theirs is not None and theirs.comm == comm:
+                    if theirs.seq == seq and tuple(theirs.signature) == signature:
                         continue  # stuck in the same collective: it completes when the rest join
                     return None, (f"ranks {rank} and {member} wait in different collectives on {comm}, which MPI "
                                   "cannot undo")
-                count = other.get("ledgers", {}).get(comm, {}).get("count")
+                ledger = other.ledgers.get(comm)
+                count = None if ledger is None else ledger.count
                 if count is None or count != seq - 1:
                     return None, (f"rank {member} is not just before collective #{seq} on {comm} (where rank "
                                   f"{rank} waits), so it cannot join it")
@@ -127,22 +128,22 @@ def plan(states, ranks, pending, replies):
                     return None, f"rank {member} is itself inside another collective"
                 steps.setdefault(member, []).append(("join", comm, signature))
                 # the asynchronous ones it waits for after it (DDP's later gradient buckets), in order
-                steps[member].extend(("join", comm, tuple(then)) for _, then in waiting.get("then", ()))
+                steps[member].extend(("join", comm, tuple(then)) for _, then in waiting.then)
                 joined.add((comm, seq, member))
         elif p2p is not None:
-            members = mismatch.members(states, p2p["comm"], ranks)
+            members = mismatch.members(states, p2p.comm, ranks)
             here = members.index(rank) if rank in members else None
             if here is None:
                 return None, f"rank {rank} waits on a communicator it is not seen in"
-            objects = p2p["op"].islower()
-            if p2p["receives"] is not None:
-                source, tag, size = p2p["receives"]
+            objects = p2p.op.islower()
+            if p2p.receives is not None:
+                source, tag, size = p2p.receives
                 source = source if source >= 0 else next(i for i, m in enumerate(members) if m != rank)
                 steps.setdefault(members[source], []).append(
-                    ("send", p2p["comm"], here, tag if tag >= 0 else 0, size, objects))
-            if p2p["sends"] is not None:
-                dest, tag, size = p2p["sends"]
-                steps.setdefault(members[dest], []).append(("recv", p2p["comm"], here, tag, size, objects))
+                    ("send", p2p.comm, here, tag if tag >= 0 else 0, size, objects))
+            if p2p.sends is not None:
+                dest, tag, size = p2p.sends
+                steps.setdefault(members[dest], []).append(("recv", p2p.comm, here, tag, size, objects))
         else:
             return None, f"rank {rank} is not in an MPI call mpinb can complete (in C code, or another library)"
     return steps, None
@@ -152,12 +153,12 @@ def describe(states, pending):
     """``ranks 0, 2 left Barrier #3 on COMM_WORLD (the others joined it)`` and the like, one line."""
     parts = []
     for rank in pending:
-        state = states.get(rank, {})
-        waiting, p2p = state.get("waiting"), state.get("p2p")
+        state = states.get(rank, WhereAnswer())
+        waiting, p2p = state.waiting, state.p2p
         if waiting is not None:
-            parts.append((f"{waiting['signature'][0]} #{waiting['seq']} on {waiting['comm']}", rank))
+            parts.append((f"{waiting.signature[0]} #{waiting.seq} on {waiting.comm}", rank))
         elif p2p is not None:
-            parts.append((f"{p2p['op']} on {p2p['comm']}", rank))
+            parts.append((f"{p2p.op} on {p2p.comm}", rank))
     grouped = {}
     for what, rank in parts:
         grouped.setdefault(what, []).append(rank)

@@ -9,6 +9,7 @@ thread's Python stack (:class:`~mpinb.wire.kinds.AskStack`, for a rank on anothe
 notebook cannot read), it answers a :class:`~mpinb.wire.kinds.Stack` (``stacks.main_thread_stack``).
 """
 
+import dataclasses
 import queue
 import threading
 
@@ -51,7 +52,7 @@ class RollCall(threading.Thread):
             if events:
                 match self.verifier.unpack(self.socket.recv_multipart()):
                     case kinds.RollCall(number):
-                        self._send(Where(self.rank, self.cell, dict(self.where(), asked=number)))
+                        self._send(Where(self.rank, self.cell, dataclasses.replace(self.where(), asked=number)))
                     case Stdin(line):
                         from . import debug
 
@@ -77,9 +78,7 @@ class RollCall(threading.Thread):
         self.outcomes.put(Settled(self.rank, number, settle(items)))
 
     def where(self):
-        where = tracing.state.where()
-        where["cell_file"] = stacks.current_cell_file
-        return where
+        return dataclasses.replace(tracing.state.where(), cell_file=stacks.current_cell_file)
 
     def _send(self, message):
         try:

@@ -66,6 +66,57 @@ class CellOptions:
     released: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Wait:
+    """A collective a rank waits in: number *seq* on communicator *comm* (world ranks *members*), its signature
+    ``(op, root, count, dtype)``, how long it has waited, and *then*: the later ones of the same communicator it
+    waits for too, ``((seq, signature), ...)`` (DDP's next gradient buckets)."""
+
+    comm: str
+    members: tuple
+    seq: int
+    signature: tuple
+    waited: float = 0.0
+    then: tuple = ()
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """A rank's ledger of one communicator: its world ranks, how many collectives it has seen, and the signatures
+    of the recent ones, ``((seq, signature), ...)``."""
+
+    members: tuple
+    count: int
+    recent: tuple
+
+
+@dataclass(frozen=True)
+class PointToPoint:
+    """The blocking point-to-point call a rank waits in: ``sends`` and ``receives`` are ``(peer, tag, bytes)``
+    or ``None`` (peer -1: any source; bytes ``None``: a pickled object)."""
+
+    comm: str
+    op: str
+    sends: tuple | None
+    receives: tuple | None
+
+
+@dataclass(frozen=True)
+class WhereAnswer:
+    """Where a rank is, MPI-wise: the collective it waits in, its ledgers, the point-to-point call it is in, its
+    main thread's stack ``((file, line, function), ...)`` and the file its cell was compiled as; *asked*: the roll
+    call it answers (``None``: sent unasked, a :class:`Waiting`); *mirrored*: read from its mirror file and stack
+    dump in the notebook, since it could not answer."""
+
+    waiting: Wait | None = None
+    ledgers: dict = field(default_factory=dict)
+    p2p: PointToPoint | None = None
+    frames: tuple = ()
+    cell_file: str = ""
+    asked: int | None = None
+    mirrored: bool = False
+
+
 class Cell(NamedTuple):
     """Run *code* (cell *number* in tracebacks) with *options* (:class:`CellOptions`)."""
 
@@ -172,19 +223,20 @@ class Listening(NamedTuple):
 
 
 class Waiting(NamedTuple):
-    """The rank has waited in one MPI call longer than the collective wait: *where* says in which."""
+    """The rank has waited in one MPI call longer than the collective wait: *where* (:class:`WhereAnswer`) says
+    in which."""
 
     rank: int
     cell_id: object
-    where: dict
+    where: WhereAnswer
 
 
 class Where(NamedTuple):
-    """The answer to a :class:`RollCall` (``where["asked"]`` is its number)."""
+    """The answer to a :class:`RollCall` (:class:`WhereAnswer`, ``where.asked`` its number)."""
 
     rank: int
     cell_id: object
-    where: dict
+    where: WhereAnswer
 
 
 class Stack(NamedTuple):

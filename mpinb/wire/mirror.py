@@ -4,6 +4,7 @@ the rank cannot answer a roll call (a pickle-based collective holds the GIL whil
 the job over a count or type mismatch)."""
 
 import struct
+from dataclasses import dataclass
 
 # whether the rank is in a collective (0 no, 1 yes, 2 it raised there), seq, root, count (-1: none), start, then
 # operation, type and communicator names. The first field (0) is kept for a version, should the record change.
@@ -22,9 +23,21 @@ def encode(text):
     return encoded
 
 
+@dataclass(frozen=True)
+class Mirrored:
+    """What a mirror file says: collective *seq* on *comm* with *signature* ``(op, root, count, dtype)``, entered
+    at *start_ns* (``time.perf_counter_ns``); *raised*: the rank left it by an exception (its last words)."""
+
+    comm: str
+    seq: int
+    signature: tuple
+    start_ns: int
+    raised: bool
+
+
 def read_mirror(path):
-    """``{"comm", "seq", "signature", "start_ns", "raised"}`` of the collective the rank of mirror file *path*
-    is in, or the last one that raised there (its last words, if MPI then ended the job), or ``None``."""
+    """:class:`Mirrored`: the collective the rank of mirror file *path* is in, or the last one that raised there
+    (its last words, if MPI then ended the job); or ``None``."""
     try:
         with open(path, "rb") as file:
             data = file.read(MIRROR.size)
@@ -34,5 +47,5 @@ def read_mirror(path):
     if version != 0 or not active:
         return None
     text = [value.rstrip(b"\0").decode(errors="replace") for value in (op, dtype, comm)]
-    return {"comm": text[2], "seq": seq, "start_ns": start, "raised": active == 2,
-            "signature": (text[0], None if root < 0 else root, None if count < 0 else count, text[1] or None)}
+    return Mirrored(text[2], seq, (text[0], None if root < 0 else root, None if count < 0 else count, text[1] or None),
+                    start, active == 2)

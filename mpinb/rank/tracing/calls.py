@@ -11,6 +11,7 @@ as kind ``"mpinb"``, which the summary does not blame.
 
 import contextlib
 
+from ...wire.kinds import PointToPoint
 from . import comms, ledger
 from .arguments import (
     KEYWORDS,
@@ -197,8 +198,8 @@ def _p2p_span(comm, name, args, kwargs, spec, objects, value, start, end):
 
 
 def stuck_p2p():
-    """The blocking point-to-point call the main thread is in, described for the notebook, or ``None``:
-    ``{"comm", "op", "sends": (dest, tag, bytes) or None, "receives": (source, tag, bytes) or None}``."""
+    """The blocking point-to-point call the main thread is in, described for the notebook
+    (:class:`~mpinb.wire.kinds.PointToPoint`), or ``None``."""
     current = _state.p2p
     if current is None:
         return None
@@ -218,7 +219,7 @@ def stuck_p2p():
         data = argument(args, kwargs, recv_at, KEYWORDS["recv"]) if recv_at is not None else None
         receives = (-1 if source is None else source, -1 if receive_tag is None else receive_tag,
                     None if name.islower() or data is None else describe(data)[2])
-    return {"comm": ledger_of(comm).name, "op": name, "sends": sends, "receives": receives}
+    return PointToPoint(ledger_of(comm).name, name, sends, receives)
 
 
 def nonblocking_p2p(base, name, spec):

@@ -19,6 +19,7 @@ import threading
 import time
 
 from ...wire import files
+from ...wire.kinds import LedgerState, Wait, WhereAnswer
 from ...wire.mirror import LEFT, MIRROR, RAISED, encode
 
 now_ns = time.perf_counter_ns
@@ -156,7 +157,7 @@ class State:
 
     def changed(self, counts):
         """The ledgers of the communicators used since *counts* was taken, as a roll call gives them."""
-        return {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
+        return {name: LedgerState(ledger.members, ledger.count, tuple(ledger.recent))
                 for name, ledger in list(self.ledgers.items()) if (ledger.count, ledger.members) != counts.get(name)}
 
     def where(self):
@@ -165,19 +166,19 @@ class State:
         waiting = None
         if current is not None:
             ledger, seq, signature, start = current
-            waiting = {"comm": ledger.name, "members": ledger.members, "seq": seq, "signature": signature,
-                       "waited": (now_ns() - start) / 1e9}
+            then = ()
             if current is not self.current:  # the later asynchronous ones it waits for too (DDP's next buckets)
-                waiting["then"] = [(entry[1], entry[2]) for entry, work in self.launched_now()
-                                   if entry[0] is ledger and entry[1] > seq and not work.is_completed()]
-        ledgers = {name: {"members": ledger.members, "count": ledger.count, "recent": list(ledger.recent)}
+                then = tuple((entry[1], entry[2]) for entry, work in self.launched_now()
+                             if entry[0] is ledger and entry[1] > seq and not work.is_completed())
+            waiting = Wait(ledger.name, ledger.members, seq, signature, (now_ns() - start) / 1e9, then)
+        ledgers = {name: LedgerState(ledger.members, ledger.count, tuple(ledger.recent))
                    for name, ledger in list(self.ledgers.items())}
         describe = self.describe_p2p
         try:
             p2p = describe() if describe is not None else None
         except Exception:  # noqa: BLE001 - a call mid-way (arguments changing): say nothing rather than fail
             p2p = None
-        return {"waiting": waiting, "ledgers": ledgers, "p2p": p2p, "frames": main_frames(self.main)}
+        return WhereAnswer(waiting, ledgers, p2p, tuple(main_frames(self.main)))
 
 
 def main_frames(ident):
