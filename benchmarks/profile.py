@@ -25,7 +25,7 @@ import time
 import psutil
 from results import publish, shell
 
-from mpinb.notebook import execute
+from mpinb.notebook import dispatch
 from mpinb.notebook.cluster import World
 
 MARK = "<!-- where the time goes -->"
@@ -89,7 +89,7 @@ def one_start(size):
         name = kind(child)
         if name:
             spent[name] = spent.get(name, 0.0) + cpu(child)
-    execute.run_cell(world, "print('ready')", stream=False)
+    dispatch.dispatch(world, "print('ready')", stream=False)
     first = time.perf_counter()
     world.stop()
     marks = [log[word] for word, _ in PHASES] + [up]

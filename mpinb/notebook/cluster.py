@@ -331,7 +331,7 @@ class World:
                                        "are stopped and none was started, so no world is running")
             return self.start()
 
-    # ------------------------------------------------------------------ a cell's moves (cellrun.py, running.py)
+    # ------------------------------------------------------------------ a cell's moves (in_flight.py, running.py)
 
     def mark_running(self):
         """A cell was sent to the ranks."""

@@ -1,4 +1,5 @@
-"""``%mpi`` and ``%%mpi``: parse arguments, then hand over to plain functions in cluster.py and execute.py."""
+"""``%mpi`` and ``%%mpi``: parse arguments, then hand over to cluster.py for the world and to
+two helpers it is composed of: running.py for a cell, world_commands.py for the commands that look at a world."""
 
 import functools
 import keyword
@@ -351,7 +352,7 @@ class MPIMagics(Magics):
 
     @property
     def last(self):
-        """The last cell's :class:`~mpinb.notebook.execute.CellResult` (``None`` before the first)."""
+        """The last cell's :class:`~mpinb.notebook.dispatch.CellResult` (``None`` before the first)."""
         return self.cells.last
 
     @property

@@ -7,7 +7,7 @@ import sys
 from ..errors import Interrupted, MPIError, StartInterrupted
 from ..widgets import views
 from ..wire.kinds import AgentSettings, CellOptions, GatherRequest
-from . import execute
+from . import dispatch
 from .frontend import colored, in_notebook
 from .live import CellStatus, LiveMetrics, LiveTrace
 from .output import RankPrinter
@@ -19,7 +19,7 @@ class CellRunner:
     settings ``report_interval``, ``collective_wait``, ``trace_buffer``, ``interrupt_grace``, ``status_after``,
     ``abort_grace``, ``refresh_interval``, ``max_points``, ``gather_transport``.
 
-    Keeps what the last cell left: ``last`` (its :class:`~mpinb.notebook.execute.CellResult`), ``live`` (its
+    Keeps what the last cell left: ``last`` (its :class:`~mpinb.notebook.dispatch.CellResult`), ``live`` (its
     :class:`~mpinb.notebook.live.LiveMetrics`) and ``last_trace`` (the last traced cell's trace)."""
 
     def __init__(self, magics):
@@ -48,13 +48,16 @@ class CellRunner:
         number = max(getattr(self.magics.shell, "execution_count", 1) - 1, 0)
         self.magics.history.begin_cell()
         # IPython's syntax turned into Python once here, not by every rank
+        magics = self.magics
         options = CellOptions(
-            settings=AgentSettings(self.magics.report_interval, self.magics.collective_wait or None),
-            source=_transformed(self.magics.shell, cell), trace=bool(trace), trace_buffer=self.magics.trace_buffer if trace else None,
-            gather=GatherRequest(tuple(gather), self._transport(ranks), self._root(), bool(inspect)) if gather else None)
+            settings=AgentSettings(magics.report_interval, magics.collective_wait or None),
+            source=_transformed(magics.shell, cell), trace=bool(trace),
+            trace_buffer=magics.trace_buffer if trace else None,
+            gather=GatherRequest(tuple(gather), self._transport(ranks), self._root(), bool(inspect)) if gather
+            else None)
         tracer = LiveTrace(view=view) if trace else None
         try:
-            self.last = result = execute.run_cell(
+            self.last = result = dispatch.dispatch(
                 self.magics.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
                 options=options, timeout=timeout or None, interrupt_grace=self.magics.interrupt_grace,
                 status=CellStatus(self.magics.history, widgets=view == "widgets", after=self.magics.status_after),

@@ -9,7 +9,7 @@ from IPython.display import display
 from ..widgets import views
 from ..widgets.status import status_html, status_text
 from ..wire.kinds import Call, CellOptions
-from . import execute
+from . import dispatch
 from .frontend import colored, in_notebook
 from .live import LiveMetrics, show_trace
 from .output import RankPrinter
@@ -116,9 +116,10 @@ class WorldCommands:
     def _on_ranks(self, function, *args, ranks=None):
         """Call mpinb's own rank-side *function* (``%mpi grads``, ``who``, ``debug``) with *args* on *ranks*, as a
         cell whose value is what it returns: no code is sent, only the function's name; no mismatch roll call."""
-        return execute.run_cell(self.magics.world, "", ranks=ranks, printer=RankPrinter(color=colored(self.magics.shell)),
-                                interrupt_grace=self.magics.interrupt_grace, collective_wait=None,
-                                options=CellOptions(call=Call.of(function, *args)))
+        magics = self.magics
+        return dispatch.dispatch(magics.world, "", ranks=ranks, printer=RankPrinter(color=colored(magics.shell)),
+                                 interrupt_grace=magics.interrupt_grace, collective_wait=None,
+                                 options=CellOptions(call=Call.of(function, *args)))
 
     def show_who(self):
         """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""

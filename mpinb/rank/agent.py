@@ -116,7 +116,7 @@ class Agent:
             if options.call is not None:
                 reply = runner.call(options.call)
             else:
-                reply = runner.run_cell(code, number=number, source=options.source)
+                reply = runner.execute(code, number=number, source=options.source)
             tracing.state.outstanding.clear()  # the cell is over: this rank waits for nothing it launched
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply.collectives = (tracing.state.counts(), tracing.state.changed(counts))

@@ -23,7 +23,7 @@ class RemoteValue:
         return self.text
 
 
-def run_cell(code, *, number=0, namespace=None, source=None):
+def execute(code, *, number=0, namespace=None, source=None):
     """Execute *code* in *namespace* and return a :class:`~mpinb.wire.kinds.CellReply` with its value or error.
 
     IPython syntax (``%magics``, ``!shell``) works when an IPython shell runs this rank, and tracebacks name
@@ -60,7 +60,7 @@ def run_cell(code, *, number=0, namespace=None, source=None):
 
 
 def call(request):
-    """Like :func:`run_cell`, for a :class:`~mpinb.wire.kinds.Call` of mpinb's own rank-side code: its value,
+    """Like :func:`execute`, for a :class:`~mpinb.wire.kinds.Call` of mpinb's own rank-side code: its value,
     or its error described."""
     if not request.module.startswith("mpinb.rank."):
         return CellReply(error=describe_error(ValueError(f"{request.module} is not rank-side code of mpinb")))

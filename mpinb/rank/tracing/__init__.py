@@ -4,9 +4,9 @@ as a span while a cell is traced.
 What other modules use is here: the rank's tracing :data:`state` (``ledger.py``: its ledgers, what the main thread
 waits in, the spans), :func:`install` of the traced communicators (``intercept.py``, the methods in ``calls.py``,
 the arguments they read in ``arguments.py``, the communicators traced in ``comms.py``), :func:`api_call` and
-:func:`own_check` for mpinb's own calls, and :func:`script_trace` for a script under plain mpiexec (``script.py``). The ledger is the
-lowest module and imports none of the others; the file it mirrors the collective waited in to is read by the
-notebook through ``wire/mirror.py``.
+:func:`own_check` for mpinb's own calls, and :func:`script_trace` for a script under plain mpiexec
+(``script.py``). The ledger is the lowest module and imports none of the others; the file it mirrors the
+collective waited in to is read by the notebook through ``wire/mirror.py``.
 """
 
 from .calls import api_call, own_check, stuck_p2p

@@ -53,7 +53,7 @@ def test_output_streams_while_the_cell_runs(world_of, ip, magics, capsys, tmp_pa
     world_of(2)
     seen = []
     shown = tmp_path / "shown"
-    from mpinb.notebook import execute
+    from mpinb.notebook import dispatch
     from mpinb.notebook.output import RankPrinter
 
     class Watcher(RankPrinter):
@@ -65,7 +65,7 @@ def test_output_streams_while_the_cell_runs(world_of, ip, magics, capsys, tmp_pa
     code = (f"import os, time\nprint('early', flush=True)\nfor _ in range(600):\n"
             f"    if os.path.exists({str(shown)!r}):\n        break\n    time.sleep(0.05)\n"
             f"else:\n    print('never shown')\nprint('late')")
-    execute.run_cell(magics.world, code, ranks=[0], printer=Watcher())
+    dispatch.dispatch(magics.world, code, ranks=[0], printer=Watcher())
     assert seen == ["early", "late"]
 
 

@@ -1,4 +1,7 @@
-"""Run a cell on the ranks: stream their output by rank, wait, and turn replies into values or one error."""
+"""A cell dispatched to the ranks: checked against the world first (a rank dead since the last cell), sent, and
+its replies turned into a :class:`CellResult` of values or one error. The path of a cell, one name per step:
+the magics' ``CellRunner.run`` (``running.py``) dispatches it here, it is in flight in
+:class:`~mpinb.notebook.in_flight.InFlight`, and each rank executes it (``rank/runner.py``'s ``execute``)."""
 
 import dataclasses
 from dataclasses import dataclass, field
@@ -6,7 +9,7 @@ from dataclasses import dataclass, field
 from ..errors import GatherError, MPIError, RankError
 from ..wire.kinds import CellOptions
 from ..wire.ranks import label_ranks
-from .cellrun import CellRun
+from .in_flight import InFlight
 from .rank_errors import RESTART, died_earlier
 from .gather import missing_message
 from .output import RankPrinter, rank_ordered
@@ -65,7 +68,7 @@ class CellResult:
 
 @dataclass
 class Settings:
-    """How :func:`run_cell` runs a cell (its keyword arguments, which it documents)."""
+    """How :func:`dispatch` runs a cell (its keyword arguments, which it documents)."""
 
     number: int = 0
     stream: bool = True
@@ -82,7 +85,7 @@ class Settings:
     progress: object = None
 
 
-def run_cell(world, code, *, ranks=None, options=None, **settings):
+def dispatch(world, code, *, ranks=None, options=None, **settings):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
@@ -93,7 +96,7 @@ def run_cell(world, code, *, ranks=None, options=None, **settings):
     when a rank has failed and the others have not finished *abort_grace* seconds later (they are most likely
     waiting for it in a collective; ``None`` waits for them), or on ``KeyboardInterrupt`` (raised again
     afterwards). Where each running rank is, is printed at once. Ranks that do not answer the interrupt within
-    *interrupt_grace* seconds (:data:`~mpinb.notebook.cellrun.COMMUNICATION_GRACE` when all of them wait in
+    *interrupt_grace* seconds (:data:`~mpinb.notebook.in_flight.COMMUNICATION_GRACE` when all of them wait in
     communication) are listed in ``result.stuck``. A rank whose process dies is reported, with what mpiexec
     said about it, within *liveness_every* seconds. *status* (a :class:`~mpinb.notebook.live.CellStatus`) is
     ticked as the cell runs.
@@ -116,5 +119,5 @@ def run_cell(world, code, *, ranks=None, options=None, **settings):
     released = world.receiver.take_released() if world.receiver is not None else {}
     if released:  # the segments whose gathered values were all dropped: the ranks may write there again
         options = dataclasses.replace(options or CellOptions(), released=released)
-    return CellRun(world, code, result, settings).run(options)
+    return InFlight(world, code, result, settings).run(options)
 

@@ -21,9 +21,9 @@ from .recover import Recovery
 COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
 
 
-class CellRun:
+class InFlight:
     """The state of one running cell; :meth:`run` waits for it and returns its :class:`CellResult`. The
-    settings are :func:`~mpinb.notebook.execute.run_cell`'s."""
+    settings are :func:`~mpinb.notebook.dispatch.dispatch`'s."""
 
     def __init__(self, world, code, result, settings):
         self.world, self.code, self.result, self.settings = world, code, result, settings
