@@ -23,9 +23,9 @@ import sys
 import time
 
 from ..wire import files
+from ..wire.kinds import DEFAULT_RUN
 from .tracing import state as _trace
 
-DEFAULT_RUN = "main"
 
 
 def report(step=None, *, run=None, **metrics):

@@ -12,7 +12,7 @@ import numpy as np
 from bqplot.traits import array_dimension_bounds, array_from_json, array_squeeze, array_to_json
 from traittypes import Array
 
-from ..rank.report import DEFAULT_RUN
+from ..wire.kinds import DEFAULT_RUN
 from ..wire.ranks import label_ranks
 from .colors import TEXT, chip_style, identical_groups, rank_color, stacked_widths
 from .decimation import decimate

@@ -80,7 +80,7 @@ def metrics_figure(history, runs, *, max_points=2000, log=None):
     marker where a rank's value first became NaN or infinite. *log*: ``{(run, name): bool}`` from the live
     view; by default a metric whose positive values span more than three decades is drawn on a log scale."""
     from .decimation import decimate
-    from ..rank.report import DEFAULT_RUN
+    from ..wire.kinds import DEFAULT_RUN
 
     charts = [(run, name) for run in runs for name in history.names.get(run, [])]
     if not charts:

@@ -168,8 +168,11 @@ class Out(NamedTuple):
     text: str
 
 
+DEFAULT_RUN = "main"  # the run a record of mpinb.report() without run= belongs to, on both sides
+
+
 class Metrics(NamedTuple):
-    """A batch of ``mpinb.report()`` records."""
+    """A batch of ``mpinb.report()`` records (each names its run, :data:`DEFAULT_RUN` unless asked)."""
 
     rank: int
     records: list
