@@ -156,7 +156,7 @@ def main():
                     f"x{mb} = np.arange({mb << 18}, dtype=np.float32) + rank" for mb in sizes)
                 notebook.cell("", code)
                 transports[notebook.name] = notebook.request(
-                    op="eval", expr="get_ipython().magics_manager.registry['MPIMagics']._transport(None)")["value"]
+                    op="eval", expr="get_ipython().magics_manager.registry['MPIMagics'].cells.transport(None)")["value"]
             where = across.request(op="eval", expr="get_ipython().magics_manager.registry['MPIMagics'].world.hosts()")
             print(f"ranks across hosts: {where['value']}; transports: {transports}", flush=True)
             assert transports == {"across": "'mpi'", "local": "'shm'"}, transports

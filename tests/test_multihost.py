@@ -57,7 +57,7 @@ def test_cells_run_across_hosts_labelled_by_rank_with_gather_metrics_and_status(
         ["cell", "", "if rank == 3:\n    raise ValueError(f'bad batch on {socket.gethostname()}')\ncomm.Barrier()"],
         ["cell", "--gather x", "import numpy as np\nx = np.arange(1 << 20, dtype=np.float64) * (rank + 1)"],
         ["eval", "[bool((x[r] == __import__('numpy').arange(1 << 20) * (r + 1)).all()) for r in sorted(x)]"],
-        ["eval", "get_ipython().magics_manager.registry['MPIMagics']._transport(None)"],
+        ["eval", "get_ipython().magics_manager.registry['MPIMagics'].cells.transport(None)"],
         ["cell", "", "import mpinb\nfor step in range(20):\n    mpinb.report(step=step, loss=1.0 / (step + 1))"],
         ["line", "status"],
     ])

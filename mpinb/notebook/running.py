@@ -53,7 +53,7 @@ class CellRunner:
             settings=AgentSettings(magics.report_interval, magics.collective_wait or None),
             source=_transformed(magics.shell, cell), trace=bool(trace),
             trace_buffer=magics.trace_buffer if trace else None,
-            gather=GatherRequest(tuple(gather), self._transport(ranks), self._root(), bool(inspect)) if gather
+            gather=GatherRequest(tuple(gather), self.transport(ranks), self._root(), bool(inspect)) if gather
             else None)
         tracer = LiveTrace(view=view) if trace else None
         try:
@@ -132,7 +132,9 @@ class CellRunner:
         return (f"{why}, so the world was restarted with {size} fresh ranks: every rank's variables are gone; the "
                 "notebook's variables and mpinb.metrics() are kept")
 
-    def _transport(self, ranks):
+    def transport(self, ranks):
+        """How a gather from *ranks* (``None``: all) travels: ``gather_transport``, ``auto`` resolved (shared memory
+        when every rank shares the notebook's host, else one MPI gather; rank by rank for a subset)."""
         transport = self.magics.gather_transport
         if transport == "auto":
             transport = "shm" if self.magics.world.on_this_host(ranks) else "mpi"
