@@ -444,7 +444,7 @@ def test_mpi_trace_shows_the_zoomable_timeline_with_the_static_one_as_fallback(i
     from IPython.utils.capture import capture_output
 
     trace = tr.frame(after_idle(ranks=2, steps=5))
-    monkeypatch.setattr(magics, "last_trace", trace)
+    monkeypatch.setattr(magics.cells, "last_trace", trace)  # as a traced cell leaves it
     monkeypatch.setattr(magics, "live_view", "widgets")
     with capture_output() as captured:
         ip.run_line_magic("mpi", "trace")
