@@ -83,9 +83,11 @@ _trace_script()
 
 def load_ipython_extension(ipython):
     """Register ``%mpi`` and ``%%mpi``; the magic machinery is imported only now, never on ranks."""
+    from .notebook import visual_debugger
     from .notebook.magics import MPIMagics
 
     ipython.register_magics(MPIMagics(shell=ipython))
+    visual_debugger.install(ipython)
 
 
 def unload_ipython_extension(ipython):

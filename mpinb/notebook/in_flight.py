@@ -9,8 +9,9 @@ from IPython.core.error import StdinNotImplementedError
 
 from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
-from . import stops
-from ..wire.kinds import CellReply, Input, Metrics, Out, Reply, Settled, TraceSpans, Waiting, Where
+from . import stops, visual_debugger
+from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Metrics, Out, Reply, Settled, TraceSpans,
+                          Waiting, Where)
 from .diagnose import capture_stacks
 from .mismatch import MismatchWatch, after_cell, at_death
 from .perrank import PerRank
@@ -37,6 +38,8 @@ class InFlight:
         self.watch = (MismatchWatch(self.channel, self.ranks, code, world=world, after=settings.collective_wait)
                       if settings.collective_wait is not None else None)
         self.recovery = Recovery(self.channel, world, self.ranks) if settings.recover else None
+        self.panel = visual_debugger.current  # the kernel's visual debugger, when the extension runs in a kernel
+        self.ticked = None  # when the checks between messages last ran
 
     @property
     def pending(self):
@@ -67,15 +70,21 @@ class InFlight:
             wait = settings.liveness_every if metrics is None else min(settings.liveness_every,
                                                                        metrics.refresh_interval)
             ended = False
-            while len(self.replies) < len(self.ranks) and not ended:
-                try:
-                    for message in self.channel.receive(wait):
-                        self.handle(message)
-                        # between messages too: ranks that report faster than the notebook reads keep it busy
-                        ended = ended or self.check_stops()
-                except KeyboardInterrupt:  # a Stop at a prompt (the only place one raises): counted already
-                    pass
-                ended = ended or self.tick(time.monotonic()) or self.check_stops()
+            if self.panel is not None:
+                self.panel.cell_started(self.channel, self.ranks)
+            try:
+                while len(self.replies) < len(self.ranks) and not ended:
+                    try:
+                        for message in self.channel.receive(wait):
+                            self.handle(message)
+                            # between messages too: ranks that report faster than the notebook reads keep it busy
+                            ended = ended or self.check_stops()
+                    except KeyboardInterrupt:  # a Stop at a prompt (the only place one raises): counted already
+                        pass
+                    ended = ended or self.tick(time.monotonic()) or self.check_stops()
+            finally:
+                if self.panel is not None:
+                    self.panel.cell_ended()
         return self.finish()
 
     def check_stops(self):
@@ -121,6 +130,10 @@ class InFlight:
             recovery.feed(message)
         elif isinstance(message, Input) and message.cell_id == self.cell_id:  # a debugger on a rank asks
             self.ask(message.rank, message.prompt)
+        elif isinstance(message, DebugStopped) and message.cell_id == self.cell_id and self.panel is not None:
+            self.panel.on_stopped(message, time.monotonic())
+        elif isinstance(message, DebugAnswer) and self.panel is not None:
+            self.panel.on_answer(message)
         elif isinstance(message, TraceSpans) and settings.trace is not None and message.cell_id == self.cell_id:
             settings.trace.add(message.rank, message.spans, message.dropped, message.clocks)
         elif isinstance(message, Reply) and message.cell_id == self.cell_id:
@@ -128,6 +141,8 @@ class InFlight:
 
     def reply(self, rank, reply):
         self.replies[rank] = reply
+        if self.panel is not None:
+            self.panel.on_reply(rank)
         if reply.gathered is not None:  # copy out now, while other ranks are still sending
             _unpack_gathered(self.world, self.result, rank, reply)
         if reply.error is not None and self.first_failure is None and self.result.trouble is None:
@@ -171,6 +186,11 @@ class InFlight:
     def tick(self, now):
         """The checks between messages; whether to give up waiting for the ranks left."""
         settings, result = self.settings, self.result
+        if self.panel is not None:
+            self.panel.tick(now)
+            if self.panel.paused and self.deadline is not None and self.ticked is not None:
+                self.deadline += now - self.ticked  # a rank stopped in the debugger: the user's time
+        self.ticked = now
         if settings.metrics is not None:
             settings.metrics.tick(now, finished=list(self.replies))
         if settings.status is not None:

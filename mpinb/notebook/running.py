@@ -7,7 +7,7 @@ import sys
 from ..errors import Interrupted, MPIError, StartInterrupted
 from ..widgets import views
 from ..wire.kinds import AgentSettings, CellOptions, GatherRequest
-from . import dispatch
+from . import dispatch, visual_debugger
 from .frontend import colored, in_notebook
 from .live import CellStatus, LiveMetrics, LiveTrace
 from .output import RankPrinter
@@ -54,7 +54,7 @@ class CellRunner:
             source=_transformed(magics.shell, cell), trace=bool(trace),
             trace_buffer=magics.trace_buffer if trace else None,
             gather=GatherRequest(tuple(gather), self.transport(ranks), self._root(), bool(inspect)) if gather
-            else None)
+            else None, debug=visual_debugger.setup())
         tracer = LiveTrace(view=view) if trace else None
         try:
             self.last = result = dispatch.dispatch(

@@ -17,9 +17,9 @@ import zmq
 from ..wire import messages, rank_files, shm
 from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
 from ..wire.kinds import Cell, CellReply, Hello, Reply
-from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, trace_torch, tracing
+from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, trace_torch, tracing, visual_debugger
 from .abort_watch import AbortWatch
-from .outbox import Ask, BetweenCells, ChannelStream, Outbox, TraceEnd, TraceStart
+from .outbox import Ask, BetweenCells, ChannelStream, Outbox, Send, TraceEnd, TraceStart
 
 _agent = None
 
@@ -80,6 +80,7 @@ class Agent:
         self.rollcall = rollcall.RollCall(context, cells, key, rank, encrypt=encrypt)
         self.cell_id = None
         debug.install(lambda prompt: self.outbox.put(Ask(self.cell_id, prompt)), rank)
+        visual_debugger.install(lambda message: self.outbox.put(Send(message)), rank)
         self.inbox.send_multipart(self.hello.pack(Hello(rank, path)))
 
     def _on_readable(self, *_):
@@ -116,7 +117,8 @@ class Agent:
             if options.call is not None:
                 reply = runner.call(options.call)
             else:
-                reply = runner.execute(code, number=number, source=options.source)
+                reply = runner.execute(code, number=number, source=options.source, debug=options.debug,
+                                       cell_id=cell_id)
             tracing.state.outstanding.clear()  # the cell is over: this rank waits for nothing it launched
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply.collectives = (tracing.state.counts(), tracing.state.changed(counts))

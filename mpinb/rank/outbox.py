@@ -1,5 +1,5 @@
 """The rank's way back to the notebook: one thread and one socket that send a cell's output (coalesced),
-``mpinb.report()`` records, trace spans and debugger prompts in the order they were made, then its reply."""
+``mpinb.report()`` records, trace spans, debugger prompts and the visual debugger's messages in the order they were made, then its reply."""
 
 import codecs
 import enum
@@ -63,6 +63,13 @@ class Ask:
 
     cell_id: str
     prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A message of the channel's (the visual debugger's), sent after the output written before it."""
+
+    message: object
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -221,6 +228,9 @@ class Outbox(threading.Thread):
             case Ask(cell_id, prompt):  # after the output before it
                 self._send_output()
                 self._send(Input(self.rank, cell_id, prompt))
+            case Send(message):
+                self._send_output()
+                self._send(message)
             case TraceEnd(cell_id, spans, dropped):
                 self._send_output()
                 trace_due = None

@@ -16,7 +16,7 @@ import threading
 import zmq
 
 from ..wire import kinds, messages
-from ..wire.kinds import AskStack, Listening, Settle, Settled, Stack, Stdin, Waiting, Where
+from ..wire.kinds import AskStack, DebugCommand, Listening, Settle, Settled, Stack, Stdin, Waiting, Where
 from . import stacks, tracing
 
 
@@ -57,6 +57,10 @@ class RollCall(threading.Thread):
                         from . import debug
 
                         debug.answer(line)
+                    case DebugCommand() as command:
+                        from . import visual_debugger
+
+                        visual_debugger.request(command)
                     case AskStack(number):
                         self._send(Stack(self.rank, number, stacks.main_thread_stack()))
                     case Settle(number, items):

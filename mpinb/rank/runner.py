@@ -23,13 +23,15 @@ class RemoteValue:
         return self.text
 
 
-def execute(code, *, number=0, namespace=None, source=None):
+def execute(code, *, number=0, namespace=None, source=None, debug=None, cell_id=None):
     """Execute *code* in *namespace* and return a :class:`~mpinb.wire.kinds.CellReply` with its value or error.
 
     IPython syntax (``%magics``, ``!shell``) works when an IPython shell runs this rank, and tracebacks name
     the cell as ``Cell In[number]``; the value of a final expression is returned, as in a notebook cell.
     *source* is *code* as the notebook's IPython transformed it already (the same for every rank; the rank's
     own shell transforms *code* when it is not given).
+    With *debug* (a :class:`~mpinb.wire.kinds.DebugSetup`: the kernel's visual debugger is on), the cell runs
+    under the rank's end of that debugger when it has breakpoints or exception filters (``visual_debugger.py``).
     Exceptions never escape: they come back described, so one failing rank never turns into a lost reply.
     The value is returned as it is; whoever sends it uses :func:`stand_in` if it does not pickle.
     """
@@ -44,7 +46,11 @@ def execute(code, *, number=0, namespace=None, source=None):
             source, filename = code, f"<mpi cell {number}>"
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         stacks.cell_started(filename, number)
-        exec(_compile(source, filename), namespace)
+        compiled = _compile(source, filename)
+        if debug is None:
+            exec(compiled, namespace)
+        else:
+            _debugged(debug, filename, cell_id, compiled, namespace)
         value = namespace.pop(_RESULT, None)
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported
         from . import debug
@@ -57,6 +63,16 @@ def execute(code, *, number=0, namespace=None, source=None):
     if value is not None:
         namespace["_"] = value
     return CellReply(value=value)
+
+
+def _debugged(debug, filename, cell_id, compiled, namespace):
+    from . import visual_debugger
+
+    visual_debugger.cell_paths[filename] = (debug.path, debug.offset)
+    if debug.armed:
+        visual_debugger.RankDebugger(debug, filename, cell_id).run_cell(compiled, namespace)
+    else:
+        exec(compiled, namespace)
 
 
 def call(request):

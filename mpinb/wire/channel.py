@@ -8,6 +8,8 @@ the kernel machinery (measured: see benchmarks/RESULTS.md), which on a few cores
 with the number of ranks.
 """
 
+import collections
+import os
 import secrets
 import socket
 import time
@@ -48,6 +50,12 @@ class Channel:
         self.poller.register(self.events, zmq.POLLIN)
         self._next_cell = 0
         self._held = []  # messages that arrived while :meth:`stacks` waited, for the next receive
+        # messages other threads posted to ranks' roll-call threads, sent by the thread that receives (it owns
+        # the sockets); a byte on the pipe wakes it
+        self._posted = collections.deque()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        self.poller.register(self._wake_read, zmq.POLLIN)
 
     def wait_for_ranks(self, ranks, timeout, *, check=None):
         """Wait until every rank's agent said hello; raise ``TimeoutError`` naming the silent ones. *check* is
@@ -131,6 +139,25 @@ class Channel:
         """A line typed at *rank*'s debugger prompt (``None``: end of input)."""
         self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(Stdin(line))])
 
+    def post(self, rank, message):
+        """Send *message* to *rank*'s roll-call thread from any thread: it leaves with the next :meth:`receive`
+        (which this wakes), from the thread that receives."""
+        self._posted.append((rank, message))
+        if self._wake_write >= 0:  # else closed: the world is gone, and whoever waits for an answer is told
+            os.write(self._wake_write, b"x")
+
+    def _send_posted(self):
+        try:
+            os.read(self._wake_read, 4096)
+        except (BlockingIOError, OSError):
+            pass
+        while self._posted:
+            rank, message = self._posted.popleft()
+            try:
+                self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(message)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
     def receive(self, timeout, *, keep=True):
         """Messages that arrive within *timeout* seconds (all that are ready, at least one unless it expires),
         after those kept while waiting for something else (*keep*).
@@ -143,6 +170,9 @@ class Channel:
         else:
             messages = []
         for sock, _ in self.poller.poll(max(0, int(timeout * 1000))):
+            if sock == self._wake_read:
+                self._send_posted()
+                continue
             # at most BATCH from a socket per call: ranks that send as fast as the notebook reads (a tight
             # report() loop) must not keep the caller from its checks between calls (a Stop, a deadline)
             for _ in range(BATCH):
@@ -164,6 +194,9 @@ class Channel:
     def close(self):
         self.cells.close()
         self.events.close()
+        ends, self._wake_read, self._wake_write = (self._wake_read, self._wake_write), -1, -1
+        for end in ends:
+            os.close(end)
 
 
 BATCH = 64  # messages read from one socket per receive() at most

@@ -2,9 +2,9 @@
 raised when a type's fields or meaning change, so that a rank of another mpinb is named at the handshake.
 
 Notebook → rank (the cell socket, to the rank's agent or to its roll-call thread): :class:`Cell`,
-:class:`RollCall`, :class:`AskStack`, :class:`Settle`, :class:`Stdin`.
+:class:`RollCall`, :class:`AskStack`, :class:`Settle`, :class:`Stdin`, :class:`DebugCommand`.
 Rank → notebook (the events socket): :class:`Hello`, :class:`Out`, :class:`Metrics`, :class:`TraceSpans`,
-:class:`Input`, :class:`Reply` from the agent; :class:`Listening`, :class:`Waiting`, :class:`Where`,
+:class:`Input`, :class:`DebugStopped`, :class:`DebugAnswer`, :class:`Reply` from the agent; :class:`Listening`, :class:`Waiting`, :class:`Where`,
 :class:`Stack`, :class:`Settled` from the roll-call thread.
 """
 
@@ -49,13 +49,34 @@ class GatherRequest:
 
 
 @dataclass(frozen=True)
+class DebugSetup:
+    """What a rank needs for the notebook's visual debugger (JupyterLab's panel) while this cell runs.
+
+    *path* is the file the kernel's debugger knows the cell as, whose line *offset* + 1 is the cell's first line
+    of code (the ``%%mpi`` line comes before it); *lines*: the breakpoints, as lines of the cell's code (1 is the
+    line after ``%%mpi``); *filters*: the panel's exception filters (``raised``, ``uncaught``,
+    ``userUnhandled``)."""
+
+    path: str
+    offset: int = 1
+    lines: tuple = ()
+    filters: tuple = ()
+
+    @property
+    def armed(self):
+        """Whether this cell runs under the rank's debugger (else it only learns the cell's path)."""
+        return bool(self.lines or self.filters)
+
+
+@dataclass(frozen=True)
 class CellOptions:
     """What travels with a cell besides its code.
 
     *settings*: the agent's (``None`` keeps those of the cell before: a call of mpinb's own); *source*: the cell
     as Python (IPython's syntax turned into Python once, in the notebook); *trace*: note spans with a buffer of
     *trace_buffer* spans per rank (``None``: the rank's default); *gather*: values to send back; *call*: run this
-    in place of the code; *released*: per rank, the shared-memory leases whose values the notebook dropped."""
+    in place of the code; *released*: per rank, the shared-memory leases whose values the notebook dropped;
+    *debug*: a :class:`DebugSetup` while the kernel's visual debugger is on."""
 
     settings: AgentSettings | None = None
     source: str | None = None
@@ -64,6 +85,7 @@ class CellOptions:
     gather: GatherRequest | None = None
     call: Call | None = None
     released: dict = field(default_factory=dict)
+    debug: DebugSetup | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +173,15 @@ class Stdin(NamedTuple):
     line: object
 
 
+class DebugCommand(NamedTuple):
+    """A request of the visual debugger for a rank stopped in it (a DAP request's *command* and *arguments*);
+    *seq* comes back with the :class:`DebugAnswer`."""
+
+    seq: int
+    command: str
+    arguments: dict
+
+
 class Hello(NamedTuple):
     """The agent is connected; *stacks* is the file its faulthandler dumps stacks to."""
 
@@ -194,6 +225,26 @@ class Input(NamedTuple):
     rank: int
     cell_id: int
     prompt: str
+
+
+class DebugStopped(NamedTuple):
+    """The rank stopped in the visual debugger, for *reason* (``breakpoint``, ``step``, ``exception``), and waits
+    for :class:`DebugCommand`\ s; *text* says more (the exception)."""
+
+    rank: int
+    cell_id: int
+    reason: str
+    text: str
+
+
+class DebugAnswer(NamedTuple):
+    """The answer to :class:`DebugCommand` *seq*: a DAP response's *success*, *body* and *message*."""
+
+    rank: int
+    seq: int
+    success: bool
+    body: dict
+    message: str = ""
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""A Debug Adapter Protocol client of a real kernel, speaking as JupyterLab's debugger does: requests as
+``debug_request`` messages on the control channel, events read from ``debug_event`` messages on iopub."""
+
+import queue
+import threading
+import time
+
+# what JupyterLab's debugger sends first (its service's ``start``)
+INITIALIZE = {"clientID": "jupyterlab", "clientName": "JupyterLab", "adapterID": "python", "pathFormat": "path",
+              "linesStartAt1": True, "columnsStartAt1": True, "supportsVariableType": True,
+              "supportsVariablePaging": True, "supportsRunInTerminalRequest": True, "locale": "en-us"}
+
+
+class DebugClient:
+    """Send DAP requests to the kernel of *client* (a started ``jupyter_client`` client) and collect its events.
+
+    The client's iopub channel is read by a thread of this object: cells run with :meth:`execute`, whose output
+    it keeps, so that a cell and the debug requests of a stop can overlap as they do in JupyterLab."""
+
+    def __init__(self, client):
+        self.client, self.seq = client, 0
+        self.events = queue.SimpleQueue()
+        self.outputs = {}  # msg_id of an execute request -> its output messages
+        self.idle = {}  # msg_id -> threading.Event set when the kernel went idle after it
+        self.closing = False
+        self.reader = threading.Thread(target=self._read_iopub, daemon=True)
+        self.reader.start()
+
+    def _read_iopub(self):
+        while not self.closing:
+            try:
+                message = self.client.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                continue
+            kind, parent = message["msg_type"], message["parent_header"].get("msg_id")
+            if kind == "debug_event":
+                self.events.put(message["content"])
+            elif kind == "status" and message["content"]["execution_state"] == "idle" and parent in self.idle:
+                self.idle[parent].set()
+            elif parent in self.outputs:
+                self.outputs[parent].append(message)
+
+    def request(self, command, timeout=60, **arguments):
+        """Send one request; its response (a dict with ``success``, ``body``)."""
+        self.seq += 1
+        content = {"type": "request", "seq": self.seq, "command": command, "arguments": arguments}
+        message = self.client.session.msg("debug_request", content)
+        self.client.control_channel.send(message)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.client.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
+                return reply["content"]
+
+    def start(self):
+        """Switch the debugger on as JupyterLab does: initialize, attach, debugInfo."""
+        assert self.request("initialize", **INITIALIZE)["success"]
+        assert self.request("attach")["success"]
+        return self.request("debugInfo")["body"]
+
+    def breakpoints(self, code, lines):
+        """Dump a cell and set breakpoints on its *lines* (1-based, as the editor counts them); the cell's path
+        and the response."""
+        path = self.request("dumpCell", code=code)["body"]["sourcePath"]
+        reply = self.request("setBreakpoints", source={"path": path},
+                             breakpoints=[{"line": line} for line in lines], sourceModified=False)
+        self.request("configurationDone")
+        return path, reply
+
+    def execute(self, code):
+        """Send *code* for execution; its msg_id (read its output with :meth:`output`, wait with :meth:`wait`)."""
+        msg_id = self.client.session.msg("execute_request", {})["header"]["msg_id"]
+        self.outputs[msg_id], self.idle[msg_id] = [], threading.Event()
+        self.client.execute(code, stop_on_error=False, msg_id=msg_id) if False else None
+        message = self.client.session.msg("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False,
+            "stop_on_error": False})
+        message["header"]["msg_id"] = msg_id
+        message["parent_header"] = {}
+        self.client.shell_channel.send(message)
+        return msg_id
+
+    def wait(self, msg_id, timeout=120):
+        """Whether the cell ended (the kernel went idle after it) within *timeout* seconds."""
+        return self.idle[msg_id].wait(timeout)
+
+    def output(self, msg_id):
+        parts = []
+        for message in self.outputs[msg_id]:
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                parts.append(content["text"])
+            elif kind == "error":
+                parts.append("\n".join(content["traceback"]))
+            elif kind == "execute_result":
+                parts.append(content["data"].get("text/plain", ""))
+        return "".join(parts)
+
+    def event(self, name, timeout=60):
+        """The next event called *name* (others before it are dropped), or ``None`` after *timeout* seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if event.get("event") == name:
+                return event
+
+    def close(self):
+        self.closing = True
+        self.reader.join(timeout=2)
