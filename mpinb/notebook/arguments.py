@@ -112,8 +112,13 @@ def line_parser():
     commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
     commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
     commands.add_parser("who", help="every name on the ranks, with the names that differ between ranks flagged")
-    debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here")
-    debug.add_argument("rank", type=int, help="the rank")
+    debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here; --panel: in "
+                                              "JupyterLab's debugger panel; --rank R: the rank the panel shows")
+    debug.add_argument("rank", type=int, nargs="?", default=None, help="the rank whose last failed cell to debug")
+    debug.add_argument("--panel", action="store_true",
+                       help="show the failed cell's frames in JupyterLab's debugger panel (switched on) instead")
+    debug.add_argument("--rank", dest="panel_rank", type=int, default=None, metavar="R",
+                       help="the rank JupyterLab's debugger panel shows when ranks stop at breakpoints (default 0)")
     return parser
 
 

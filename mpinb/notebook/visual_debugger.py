@@ -93,6 +93,12 @@ class VisualDebugger:
         self.replied = set()  # ranks that finished the running cell
         self.raw_cell = ""
         shell.events.register("pre_run_cell", self._pre_run_cell)
+        modules = getattr(debugger, "kernel_modules", None)
+        if isinstance(modules, list):  # the kernel's own code, which ipykernel's attach tells debugpy to skip:
+            # exceptions mpinb raises and handles stop nothing, nor does a %%mpi cell that failed on a rank (its
+            # ranks stop where it failed): the kernel compiles those cells under names of their own
+            modules.extend([os.path.join(_MPINB, "**"), os.path.join(_tmp_directory(), CELL_PREFIX + "*")])
+        _name_mpi_cells_apart(shell)
         for path, points in dict(getattr(debugger, "breakpoint_list", {})).items():  # set before mpinb loaded
             if _is_mpi_cell(path):
                 self.breakpoints[path] = sorted({point["line"] for point in points})
@@ -121,16 +127,15 @@ class VisualDebugger:
         elif command == "attach":
             # debugpy attaches to every Python process the kernel starts unless told not to, and each then
             # waits for a client that JupyterLab never sends: the world's start (an mpi4py check, the
-            # controller) would hang; and mpinb's own frames are not the user's code
+            # controller) would hang
             arguments["subProcess"] = False
-            arguments["rules"] = [*arguments.get("rules", []), {"path": _MPINB, "include": False}]
             message["arguments"] = arguments
         elif command == "setBreakpoints" and _is_mpi_cell(arguments.get("source", {}).get("path", "")):
             return self._set_breakpoints(message, arguments)
         elif command == "setExceptionBreakpoints":
             self.filters = tuple(arguments.get("filters") or ())
         elif command == "disconnect":
-            self.release_all()
+            self.switched_off()
             self.breakpoints.clear()
         rank = self._rank_for(command, arguments)
         if rank is not None:
@@ -201,13 +206,13 @@ class VisualDebugger:
         self.stopped.pop(rank, None)
         self.channel.post(rank, DebugCommand(next(self.numbers), "continue", {}))
 
-    def release_all(self):
-        """Every stopped rank goes on (the debugger is switched off, or the cell is over)."""
+    def switched_off(self):
+        """The panel was switched off: every rank of the running cell goes on, and stops nowhere else in it."""
         with self.lock:
             if self.channel is not None:
-                for rank in list(self.stopped):
-                    self._go_on(rank)
-            self.shown = None
+                for rank in self.ranks:
+                    self.channel.post(rank, DebugCommand(next(self.numbers), "disconnect", {}))
+            self.stopped, self.shown = {}, None
 
     # the running cell, from the thread that waits for it
     def cell_started(self, channel, ranks):
@@ -233,6 +238,9 @@ class VisualDebugger:
 
     def on_stopped(self, message, now):
         with self.lock:
+            if not self.on:  # switched off as it stopped
+                self.channel.post(message.rank, DebugCommand(next(self.numbers), "disconnect", {}))
+                return
             self.stopped[message.rank] = (message, now)
             show = self.shown is None and (message.rank == self.rank or self.rank not in self.ranks
                                            or self.rank in self.replied)
@@ -273,6 +281,35 @@ class VisualDebugger:
 
     def _event(self, name, body):
         self.debugger.event_callback({"type": "event", "seq": next(self.events), "event": name, "body": body})
+
+
+CELL_PREFIX = "mpinb-cell-"
+
+
+def _tmp_directory():
+    from ipykernel.compiler import get_tmp_directory
+
+    return get_tmp_directory()
+
+
+def _name_mpi_cells_apart(shell):
+    """Have the kernel compile a ``%%mpi`` cell (one line: ``run_cell_magic``) as a file of its own name, not the
+    name the panel knows the cell by: the kernel's debugger then never stops there (a breakpoint on the
+    ``%%mpi`` line, the rank's error passing through that line), and the panel's breakpoints are the ranks'."""
+    compiler = getattr(shell, "compile", None)
+    name = getattr(compiler, "get_code_name", None)
+    if name is None or getattr(name, "mpinb", False):
+        return
+
+    def get_code_name(raw_code, *args, **kwargs):
+        code_name = name(raw_code, *args, **kwargs)
+        if raw_code.lstrip().startswith("%%mpi"):
+            directory, base = os.path.split(code_name)
+            return os.path.join(directory, CELL_PREFIX + base)
+        return code_name
+
+    get_code_name.mpinb = True
+    compiler.get_code_name = get_code_name
 
 
 def _is_mpi_cell(path):

@@ -9,7 +9,7 @@ from IPython.display import display
 from ..widgets import views
 from ..widgets.status import status_html, status_text
 from ..wire.kinds import Call, CellOptions
-from . import dispatch
+from . import dispatch, visual_debugger
 from .frontend import colored, in_notebook
 from .live import LiveMetrics, show_trace
 from .output import RankPrinter
@@ -45,7 +45,13 @@ class WorldCommands:
         self.show_who()
 
     def on_debug(self, args):
-        self.debug(args.rank)
+        if args.panel_rank is not None:
+            self.panel_rank(args.panel_rank)
+        if args.rank is not None:
+            self.debug(args.rank, panel=args.panel)
+        elif args.panel_rank is None:
+            raise UsageError("%mpi debug R debugs rank R's last failed cell (--panel: in JupyterLab's debugger); "
+                             "%mpi debug --rank R chooses the rank the debugger panel shows")
 
     def on_trace(self, args):
         if self.cells.last_trace is None:
@@ -136,16 +142,34 @@ class WorldCommands:
             print(who_text(rows))
         return rows
 
-    def debug(self, rank):
-        """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); the other
-        ranks are left as they are."""
+    def debug(self, rank, *, panel=False):
+        """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); with *panel*,
+        its frames in JupyterLab's debugger panel until Continue there. The other ranks are left as they are."""
         self._running_world()
         if rank not in self.magics.world.ranks:
             raise UsageError(f"%mpi debug takes a rank of this world (0-{self.magics.world.size - 1}), not {rank}")
-        from ..rank.debug import post_mortem
+        if panel:
+            if visual_debugger.setup() is None:
+                raise UsageError("%mpi debug R --panel shows the rank in JupyterLab's debugger panel: switch the "
+                                 "debugger on first (the bug icon in the notebook's toolbar), or use %mpi debug R")
+            from ..rank.visual_debugger import post_mortem
+        else:
+            from ..rank.debug import post_mortem
 
         result = self._on_ranks(post_mortem, ranks=[rank])
         result.raise_for_errors()
+
+    def panel_rank(self, rank):
+        """Make *rank* the one JupyterLab's debugger panel shows when ranks stop at its breakpoints."""
+        world = self.magics.world
+        if rank < 0 or world is not None and rank not in world.ranks:
+            raise UsageError(f"%mpi debug --rank takes a rank of this world (0-{world.size - 1}), not {rank}")
+        if visual_debugger.current is None:
+            raise UsageError("this kernel has no visual debugger (ipykernel 6 or later with debugpy has one): "
+                             "%mpi debug R debugs a rank with pdb instead")
+        visual_debugger.current.rank = rank
+        print(f"JupyterLab's debugger panel shows rank {rank} when it stops at a breakpoint (another rank when "
+              f"rank {rank} does not stop)")
 
     def show_metrics(self, *, run=None):
         """Charts and table (text in a terminal) of *run*, or of every run reported in this world."""

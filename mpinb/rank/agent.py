@@ -101,7 +101,7 @@ class Agent:
         if options.settings is not None:  # else a call of mpinb's own: the user's settings stay
             self.outbox.report_interval = options.settings.report_interval
             self.rollcall.after = options.settings.collective_wait
-        self.rollcall.cell = self.cell_id = cell_id
+        self.rollcall.cell = self.cell_id = visual_debugger.cell_id = cell_id
         if options.trace:
             tracing.state.start(options.trace_buffer or tracing.BUFFER)
             self.outbox.put(TraceStart(cell_id))
@@ -117,8 +117,7 @@ class Agent:
             if options.call is not None:
                 reply = runner.call(options.call)
             else:
-                reply = runner.execute(code, number=number, source=options.source, debug=options.debug,
-                                       cell_id=cell_id)
+                reply = runner.execute(code, number=number, source=options.source, debug=options.debug)
             tracing.state.outstanding.clear()  # the cell is over: this rank waits for nothing it launched
             # checked against the other ranks' in the notebook: a mismatch MPI let pass is still a mismatch
             reply.collectives = (tracing.state.counts(), tracing.state.changed(counts))

@@ -39,10 +39,16 @@ def keep(exc):
     """Keep the exception a cell ended with, for :func:`post_mortem`."""
     global _last
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.endswith("mpinb/rank/runner.py"):
+    while tb is not None and tb.tb_frame.f_code.co_filename.endswith(("mpinb/rank/runner.py",
+                                                                      "mpinb/rank/visual_debugger.py")):
         tb = tb.tb_next  # the cell runner's own frame: pdb's "up" stops at the cell
     if tb is not None and not isinstance(exc, KeyboardInterrupt):
         _last = (exc, tb)
+
+
+def last_failure():
+    """``(exception, traceback)`` of this rank's last failed cell, or ``None``."""
+    return _last
 
 
 def remote_input(prompt=""):

@@ -3,6 +3,7 @@
 import ast
 import importlib
 import linecache
+import os
 import sys
 import traceback
 
@@ -10,6 +11,8 @@ from ..wire.kinds import CellReply
 from . import stacks
 
 _RESULT = "_mpinb_cell_value"
+# the frames between the agent and the cell: this module's, and the visual debugger's that runs a cell under it
+RUNNER_FILES = (__file__, os.path.join(os.path.dirname(__file__), "visual_debugger.py"))
 
 
 class RemoteValue:
@@ -23,7 +26,7 @@ class RemoteValue:
         return self.text
 
 
-def execute(code, *, number=0, namespace=None, source=None, debug=None, cell_id=None):
+def execute(code, *, number=0, namespace=None, source=None, debug=None):
     """Execute *code* in *namespace* and return a :class:`~mpinb.wire.kinds.CellReply` with its value or error.
 
     IPython syntax (``%magics``, ``!shell``) works when an IPython shell runs this rank, and tracebacks name
@@ -50,7 +53,7 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None, cell_id=
         if debug is None:
             exec(compiled, namespace)
         else:
-            _debugged(debug, filename, cell_id, compiled, namespace)
+            _debugged(debug, filename, compiled, namespace)
         value = namespace.pop(_RESULT, None)
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported
         from . import debug
@@ -65,12 +68,12 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None, cell_id=
     return CellReply(value=value)
 
 
-def _debugged(debug, filename, cell_id, compiled, namespace):
+def _debugged(debug, filename, compiled, namespace):
     from . import visual_debugger
 
     visual_debugger.cell_paths[filename] = (debug.path, debug.offset)
     if debug.armed:
-        visual_debugger.RankDebugger(debug, filename, cell_id).run_cell(compiled, namespace)
+        visual_debugger.RankDebugger(debug, filename).run_cell(compiled, namespace)
     else:
         exec(compiled, namespace)
 
@@ -144,7 +147,7 @@ def describe_error(exc, shell=None):
     with what could not be rendered said in its place.
     """
     tb = _without_wrappers(exc.__traceback__)
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename in RUNNER_FILES:
         tb = tb.tb_next
     tb, left_out = _shortened(tb)
     if isinstance(exc, SyntaxError):

@@ -24,6 +24,8 @@ _MPINB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _requests = queue.SimpleQueue()  # DebugCommands for the stopped debugger, from the roll-call thread
 _send = None  # sends a message to the notebook after the output before it: set by the agent
 rank = None
+cell_id = None  # the running cell's (the agent sets it)
+armed = True  # False once the debugger was switched off during the running cell: nothing stops it any more
 cell_paths = {}  # file a cell was compiled as here -> (the kernel's path for it, line offset)
 stopped = False  # whether this rank waits in the visual debugger now
 RESUMING = ("continue", "next", "stepIn", "stepOut")
@@ -39,7 +41,11 @@ def install(send, this_rank):
 
 
 def request(command):
-    """A :class:`~mpinb.wire.kinds.DebugCommand` from the notebook (the roll-call thread calls this)."""
+    """A :class:`~mpinb.wire.kinds.DebugCommand` from the notebook (the roll-call thread calls this).
+    ``disconnect`` (the panel was switched off) lets a stopped rank go on, and stops nothing else in its cell."""
+    global armed
+    if command.command == "disconnect":
+        armed = False
     if stopped:
         _requests.put(command)
     else:  # nothing waits to answer it: say so at once
@@ -60,18 +66,20 @@ class RankDebugger(bdb.Bdb):
     """Runs one cell, stopping at its breakpoints and, with the filters asked for, where an exception is raised
     or where the cell failed; each stop is served by :meth:`serve`."""
 
-    def __init__(self, setup, filename, cell_id):
+    def __init__(self, setup, filename):
         super().__init__(skip=["mpinb", "mpinb.*"])
-        self.setup, self.filename, self.cell_id = setup, filename, cell_id
+        self.setup, self.filename = setup, filename
         self.raised = "raised" in setup.filters
         self.failed = bool({"uncaught", "userUnhandled"} & set(setup.filters))
-        self.seen = set()  # exceptions already stopped at (once each, where raised)
+        self.seen = None  # the exception last stopped at (once each, where raised, not at each frame it leaves)
         for line in setup.lines:
             self.set_break(filename, line)
 
     def run_cell(self, code, namespace):
         """``exec(code, namespace)`` under the debugger: stop only at breakpoints (and exceptions) until told to
         step."""
+        global armed
+        armed = True
         self.reset()
         self.botframe = sys._getframe()
         self._go_on()
@@ -99,16 +107,16 @@ class RankDebugger(bdb.Bdb):
 
     def dispatch_exception(self, frame, arg):
         exc = arg[1]
-        if self.raised and id(exc) not in self.seen and not mpinb_frame(frame) and \
+        if self.raised and armed and exc is not self.seen and not mpinb_frame(frame) and \
                 not isinstance(exc, (StopIteration, GeneratorExit, KeyboardInterrupt)):
-            self.seen.add(id(exc))
+            self.seen = exc
             self.serve(frame, "exception", _describe(exc))
             return self.trace_dispatch
         return super().dispatch_exception(frame, arg)
 
     def user_line(self, frame):
-        reason = "breakpoint" if self.break_here(frame) else "step"
-        self.serve(frame, reason, "")
+        if armed:
+            self.serve(frame, "breakpoint" if self.break_here(frame) else "step", "")
 
     def user_call(self, frame, argument_list):
         pass  # a step into a function stops at its first line, not at its call
@@ -126,43 +134,17 @@ class RankDebugger(bdb.Bdb):
             if not mpinb_frame(tb.tb_frame):
                 frames.append((tb.tb_frame, tb.tb_lineno))
             tb = tb.tb_next
-        if frames:
+        if frames and armed:
             sys.settrace(None)
-            self.serve(None, "exception", _describe(exc), frames=frames[::-1], resumable=False)
+            serve(frames[::-1], "exception", _describe(exc))
 
-    # a stop
-    def serve(self, frame, reason, text, *, frames=None, resumable=True):
-        """Say that this rank stopped and answer the panel's requests until one resumes it."""
-        global stopped
-        stop = Stop(self, frames if frames is not None else self._frames(frame))
-        stopped = True
-        try:
-            _send(DebugStopped(rank, self.cell_id, reason, text))
-            while True:
-                command = _next_request()
-                handler = getattr(stop, "on_" + command.command, None)
-                if handler is None:
-                    _answer(command.seq, False, {}, f"{command.command} is not supported on a rank")
-                    continue
-                try:
-                    body = handler(command.arguments or {})
-                except Exception as exc:  # noqa: BLE001 - a bad request (an expression that raises) is answered
-                    _answer(command.seq, False, {}, _describe(exc))
-                    continue
-                if command.command in RESUMING:
-                    if resumable:
-                        self._resume(command.command, frame)
-                    _answer(command.seq, True, body)
-                    return
-                _answer(command.seq, True, body)
-        finally:
-            stopped = False
-            while not _requests.empty():  # asked of this stop after it ended
-                late = _requests.get()
-                _answer(late.seq, False, {}, f"rank {rank} is not stopped in the debugger any more")
+    def serve(self, frame, reason, text):
+        """Stop at *frame* until the panel resumes this rank, then go on as it asked."""
+        command = serve(self._frames(frame), reason, text)
+        self._resume(command, frame)
 
     def _resume(self, command, frame):
-        if command == "continue":
+        if command in ("continue", "disconnect") or not armed:
             self._go_on()
         elif command == "next":
             self.set_next(frame)
@@ -180,6 +162,55 @@ class RankDebugger(bdb.Bdb):
         return frames
 
 
+def serve(frames, reason, text):
+    """Say that this rank stopped, in *frames* (``(frame, line)``, innermost first), and answer the panel's
+    requests until one resumes it; return that request's command."""
+    global stopped
+    stop = Stop(frames)
+    stopped = True
+    try:
+        _send(DebugStopped(rank, cell_id, reason, text))
+        while True:
+            command = _next_request()
+            if command.command == "disconnect":
+                _answer(command.seq, True, {})
+                return command.command
+            handler = getattr(stop, "on_" + command.command, None)
+            if handler is None:
+                _answer(command.seq, False, {}, f"{command.command} is not supported on a rank")
+                continue
+            try:
+                body = handler(command.arguments or {})
+            except Exception as exc:  # noqa: BLE001 - a bad request (an expression that raises) is answered
+                _answer(command.seq, False, {}, _describe(exc))
+                continue
+            _answer(command.seq, True, body)
+            if command.command in RESUMING:
+                return command.command
+    finally:
+        stopped = False
+        while not _requests.empty():  # asked of this stop after it ended
+            late = _requests.get()
+            _answer(late.seq, False, {}, f"rank {rank} is not stopped in the debugger any more")
+
+
+def post_mortem():
+    """Show this rank's last failed cell in the panel, where it failed (``%mpi debug R --panel``)."""
+    from . import debug
+
+    failure = debug.last_failure()
+    if failure is None:
+        print(f"rank {rank} has no failed cell to debug: %mpi debug R --panel works after a cell failed on rank R")
+        return
+    exc, tb = failure
+    frames = []
+    while tb is not None:
+        if not mpinb_frame(tb.tb_frame):
+            frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    serve(frames[::-1], "exception", _describe(exc))
+
+
 def _next_request():
     while True:
         try:  # a timeout, so that an interrupt (the Stop button) gets through
@@ -192,8 +223,8 @@ class Stop:
     """The requests one stop answers: each ``on_<command>`` takes the request's arguments and returns its body.
     References to frames and values hold only while the rank is stopped here, as DAP has it."""
 
-    def __init__(self, debugger, frames):
-        self.debugger, self.frames = debugger, frames
+    def __init__(self, frames):
+        self.frames = frames
         self.references = [None]  # index: a local id
 
     def _reference(self, thing):
