@@ -67,18 +67,29 @@ class DebugClient:
         self.request("configurationDone")
         return path, reply
 
-    def execute(self, code):
-        """Send *code* for execution; its msg_id (read its output with :meth:`output`, wait with :meth:`wait`)."""
-        msg_id = self.client.session.msg("execute_request", {})["header"]["msg_id"]
-        self.outputs[msg_id], self.idle[msg_id] = [], threading.Event()
-        self.client.execute(code, stop_on_error=False, msg_id=msg_id) if False else None
+    def execute(self, code, answers=None):
+        """Send *code* for execution; its msg_id (read its output with :meth:`output`, wait with :meth:`wait`).
+        With *answers* (a list), the cell may prompt (``input()``, pdb): each prompt gets the next answer, then
+        ``c``; the prompts are kept in ``self.prompts``."""
         message = self.client.session.msg("execute_request", {
-            "code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False,
-            "stop_on_error": False})
-        message["header"]["msg_id"] = msg_id
-        message["parent_header"] = {}
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": answers is not None, "stop_on_error": False})
+        msg_id = message["header"]["msg_id"]
+        self.outputs[msg_id], self.idle[msg_id] = [], threading.Event()
+        if answers is not None:
+            self.prompts = []
+            threading.Thread(target=self._answer, args=(msg_id, list(answers)), daemon=True).start()
         self.client.shell_channel.send(message)
         return msg_id
+
+    def _answer(self, msg_id, answers):
+        while not self.idle[msg_id].is_set() and not self.closing:
+            try:
+                message = self.client.get_stdin_msg(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.prompts.append(message["content"]["prompt"])
+            self.client.input(answers.pop(0) if answers else "c")
 
     def wait(self, msg_id, timeout=120):
         """Whether the cell ended (the kernel went idle after it) within *timeout* seconds."""

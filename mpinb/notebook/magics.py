@@ -15,7 +15,7 @@ from traitlets import Bool, Enum, Float, Integer, List, Unicode
 from ..errors import BadArguments, NoMPI, StartInterrupted
 from ..widgets import views
 from ..wire.ranks import parse_ranks
-from . import arguments, stops
+from . import arguments, stops, visual_debugger
 from .cluster import World, check_size
 from .frontend import in_notebook
 from .history import History
@@ -26,11 +26,13 @@ from .world_commands import WorldCommands
 
 def _usage(method):
     """*method* with mpinb's errors about what was asked (bad arguments, no usable MPI) shown as IPython shows a
-    magic's: a one-line ``UsageError``."""
+    magic's: a one-line ``UsageError``; the kernel's own debugger never stops in it (the user's code runs on the
+    ranks, where the debugger panel follows it)."""
     @functools.wraps(method)
     def shown(*args, **kwargs):
         try:
-            return method(*args, **kwargs)
+            with visual_debugger.kernel_untraced():
+                return method(*args, **kwargs)
         except (BadArguments, NoMPI) as exc:
             raise UsageError(str(exc)) from None
     return shown

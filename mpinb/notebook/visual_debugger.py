@@ -11,13 +11,15 @@ unless chosen) when it stops, else, after :data:`CHOSEN_WAIT` seconds, the first
 other stopped ranks wait, and go on whenever the shown rank does; none waits past the end of its cell, or past
 the moment the debugger is switched off.
 
-What this uses of ipykernel beyond its documented protocol is here only: ``kernel.debugger`` with
-``process_request``, ``event_callback``, ``is_started``, ``stopped_threads`` and ``breakpoint_list``, and
-``ipykernel.compiler.get_file_name`` (the path the kernel's debugger gives a cell).
+What this uses of ipykernel and debugpy beyond their documented protocols is here only: ``kernel.debugger``
+with ``process_request``, ``event_callback``, ``is_started``, ``stopped_threads`` and ``breakpoint_list``;
+``kernel.control_thread.io_loop``; ``ipykernel.compiler`` (the path the kernel's debugger gives a cell); the
+kernel compiler's ``get_code_name``; debugpy's ``setDebuggerProperty`` request and its subprocess patches.
 """
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import os
 import sys
@@ -75,6 +77,26 @@ def setup():
     return current.setup() if current is not None else None
 
 
+@contextlib.contextmanager
+def kernel_untraced():
+    """The kernel's own debugger (debugpy) neither traces nor stops this thread meanwhile: mpinb's work in the
+    kernel for a magic. With its exception filters on, it stopped wherever mpinb or a library it calls raised and
+    handled an exception (``zmq.Again`` on every poll), not in the user's code, which runs on the ranks."""
+    debugpy = sys.modules.get("debugpy") if current is not None and current.on else None
+    if debugpy is None:
+        yield
+        return
+    try:
+        debugpy.trace_this_thread(False)
+    except Exception:  # noqa: BLE001 - a debugpy that is not listening in this process: nothing to leave off
+        yield
+        return
+    try:
+        yield
+    finally:
+        debugpy.trace_this_thread(True)
+
+
 class VisualDebugger:
     def __init__(self, debugger, shell):
         self.debugger = debugger
@@ -93,18 +115,27 @@ class VisualDebugger:
         self.replied = set()  # ranks that finished the running cell
         self.raw_cell = ""
         shell.events.register("pre_run_cell", self._pre_run_cell)
-        modules = getattr(debugger, "kernel_modules", None)
-        if isinstance(modules, list):  # the kernel's own code, which ipykernel's attach tells debugpy to skip:
-            # exceptions mpinb raises and handles stop nothing, nor does a %%mpi cell that failed on a rank (its
-            # ranks stop where it failed): the kernel compiles those cells under names of their own
-            modules.extend([os.path.join(_MPINB, "**"), os.path.join(_tmp_directory(), CELL_PREFIX + "*")])
         _name_mpi_cells_apart(shell)
+        self.control = getattr(getattr(shell.kernel, "control_thread", None), "io_loop", None)
+        if self.on and self.control is not None:  # switched on before mpinb was loaded
+            self.control.add_callback(self._skip_mpinb)
         for path, points in dict(getattr(debugger, "breakpoint_list", {})).items():  # set before mpinb loaded
             if _is_mpi_cell(path):
                 self.breakpoints[path] = sorted({point["line"] for point in points})
 
     def _pre_run_cell(self, info):
         self.raw_cell = info.raw_cell or ""
+
+    async def _skip_mpinb(self):
+        """Tell the kernel's debugpy never to trace nor stop in mpinb's code, nor in the line a ``%%mpi`` cell runs
+        in the kernel (a rank's error passes through it; the ranks stop where it was raised). Files debugpy does
+        not trace are its own (``dontTrace`` patterns), so its own are named again."""
+        import debugpy
+
+        await self.forward({"type": "request", "seq": 0, "command": "setDebuggerProperty", "arguments": {
+            "dontTraceStartPatterns": [os.path.dirname(os.path.abspath(debugpy.__file__)), _MPINB + os.sep,
+                                       os.path.join(_tmp_directory(), CELL_PREFIX)],
+            "dontTraceEndPatterns": ["debugpy_launcher.py"]}})
 
     @property
     def on(self):
@@ -143,6 +174,8 @@ class VisualDebugger:
         reply = await self.forward(message)
         if command == "initialize":
             no_subprocess_attach()  # in case it listened before
+        elif command == "attach" and reply.get("success"):
+            await self._skip_mpinb()
         elif command == "debugInfo" and self.shown is not None:
             reply["body"]["stoppedThreads"] = [*reply["body"].get("stoppedThreads", []),
                                                debug_ids.thread_id(self.shown)]
@@ -295,7 +328,8 @@ def _tmp_directory():
 def _name_mpi_cells_apart(shell):
     """Have the kernel compile a ``%%mpi`` cell (one line: ``run_cell_magic``) as a file of its own name, not the
     name the panel knows the cell by: the kernel's debugger then never stops there (a breakpoint on the
-    ``%%mpi`` line, the rank's error passing through that line), and the panel's breakpoints are the ranks'."""
+    ``%%mpi`` line, the rank's error passing through that line: see ``_skip_mpinb``), and the panel's
+    breakpoints are the ranks'."""
     compiler = getattr(shell, "compile", None)
     name = getattr(compiler, "get_code_name", None)
     if name is None or getattr(name, "mpinb", False):
