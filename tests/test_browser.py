@@ -418,3 +418,50 @@ def test_three_stops_from_the_toolbar_end_the_world_in_one_line_in_the_dark_them
     assert "[rank 0] (2, False)" in after and "[rank 1] (2, False)" in after, after
     assert dark and dark.lower() not in ("white", "#fff", "#ffffff"), dark  # the dark theme was on
     assert not leftover_ranks(tag)
+
+
+PANEL = ["%load_ext mpinb\n%mpi start -n 2",
+         "%%mpi\nimport numpy as np\nweights = np.arange(6.0) * (rank + 1)\nloss = float(weights.sum())\n"
+         "print('loss', loss)",
+         "%mpi stop"]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_debugger_panel_stops_rank_0_at_a_breakpoint_clicked_in_a_mpi_cell(theme, tmp_path, monkeypatch):
+    """JupyterLab's own debugger: switched on from the notebook's toolbar, a breakpoint clicked in the gutter of a
+    %%mpi cell's line 4; running the cell stops rank 0 there: the panel's call stack names rank 0 and the cell's
+    line, its variables are rank 0's, the editor highlights the line; Continue lets the cell end on both ranks."""
+    root = notebook_of(tmp_path, "panel.ipynb", PANEL)
+    if theme == "dark":
+        setting = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
+        setting.parent.mkdir(parents=True)
+        setting.write_text(json.dumps({"theme": "JupyterLab Dark"}))
+    tag = new_world_tag()
+    with notebook_in_lab(root, "panel.ipynb", tmp_path, monkeypatch, viewport={"width": 1500, "height": 1000},
+                         screenshot=f"jupyterlab-debugger-panel-{theme}.png") as (page, cells):
+        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+        run(cells.nth(0), page, wait=True)
+        page.locator(".jp-DebuggerBugButton").first.click()  # the toolbar's bug icon: the debugger on
+        gutter = cells.nth(1).locator(".cm-breakpoint-gutter .cm-gutterElement")
+        gutter.nth(1).wait_for(timeout=30_000)
+        gutter.nth(gutter.count() - 2).click()  # line 4 of 5 (the gutter's first element only sizes it)
+        page.locator(".jp-DebuggerBreakpoint").first.wait_for(timeout=30_000)
+        run(cells.nth(1), page, wait=False)
+        frame = page.locator(".jp-DebuggerCallstackFrame").first
+        frame.wait_for(timeout=60_000)
+        page.locator(".jp-DebuggerVariables-body").get_by_text("weights").first.wait_for(timeout=30_000)
+        stack = frame.inner_text()
+        variables = page.locator(".jp-DebuggerVariables-body").first.inner_text()
+        highlighted = cells.nth(1).locator(".jp-DebuggerEditor-highlight").all_inner_texts()
+        page.screenshot(path=str(ARTIFACTS / f"jupyterlab-debugger-panel-stopped-{theme}.png"))
+        page.locator("[data-command='debugger:continue']").first.click()
+        ran(cells.nth(1))
+        shown = cells.nth(1).locator(".jp-OutputArea").inner_text()
+        run(cells.nth(2), page, wait=True)
+        errors = page.console_errors
+    assert "cell (rank 0)" in stack and ":4" in stack, stack
+    assert re.search(r"rank\s*:?\s*0", variables) and "weights" in variables, variables
+    assert highlighted == ["loss = float(weights.sum())"], highlighted
+    assert "[rank 0] loss 15.0" in shown and "[rank 1] loss 30.0" in shown, shown
+    assert not errors, errors
+    assert not leftover_ranks(tag)
