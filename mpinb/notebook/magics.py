@@ -145,7 +145,8 @@ class MPIMagics(Magics):
             %mpi view
             %mpi trace
             %mpi who
-            %mpi debug R
+            %mpi debug R [--panel]
+            %mpi debug --rank R
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
@@ -161,7 +162,9 @@ class MPIMagics(Magics):
         ``trace`` shows the timeline and summary of the last ``%%mpi --trace`` cell again (``mpinb.trace()``
         gives it as a DataFrame). ``who`` lists every name on the ranks, flagging those that differ. ``debug R``
         opens pdb in rank R's last failed cell, its prompt answered in the notebook; ``breakpoint()`` in a cell
-        opens the same prompt for the rank that reaches it.
+        opens the same prompt for the rank that reaches it. With JupyterLab's debugger switched on, breakpoints
+        clicked in a ``%%mpi`` cell stop the ranks, and the panel shows rank 0 (``debug --rank R``: rank R);
+        ``debug R --panel`` shows rank R's last failed cell there.
         The world stops with the kernel.
 
         Examples
@@ -386,8 +389,8 @@ class MPIMagics(Magics):
     def show_metrics(self, *, run=None):
         return self.commands.show_metrics(run=run)
 
-    def debug(self, rank):
-        return self.commands.debug(rank)
+    def debug(self, rank, *, panel=False):
+        return self.commands.debug(rank, panel=panel)
 
 
 def _timed_start(start):
