@@ -9,7 +9,8 @@ from test_debug import kernel, run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
 
-RESTART_ADVICE = "%mpi restart starts a fresh world of the same size (every rank's variables ended with this one)"
+RESTART_ADVICE = ("%mpi restart starts a fresh world of the same size, with every rank's variables as of the last cell "
+                  "every rank finished (--fresh: without them)")
 
 
 def failed(fn):

@@ -17,6 +17,7 @@ from ..errors import BadArguments, MPIError, StartInterrupted
 from ..wire.channel import Channel
 from . import ipp, leftovers, mpis, status, stops
 from .gather import Receiver
+from .kept_state import KeptState
 from .launchers import Placement, SlurmJob
 from .lifecycle import Lifecycle, State
 from .liveness import Liveness
@@ -110,6 +111,7 @@ class World:
     def __init__(self, size, *, mpi=None, mpiexec=None, mpi_library=None, mpiexec_args=(), placement=None,
                  ip="127.0.0.1", heartbeat_ms=None, start_timeout=60.0, progress=True, threads=0):
         self.placement = placement or Placement()
+        self.kept_state = KeptState()  # every rank's snapshots, across this world's starts
         self.size = check_size(size, self.placement)
         self.mpiexec = mpiexec
         self.mpi_choice, self.mpi_library = mpi, mpi_library

@@ -26,6 +26,7 @@ class CellResult:
     values: PerRank = field(default_factory=PerRank)
     errors: dict = field(default_factory=dict)
     seconds: float = 0.0
+    cell_id: int | None = None  # the channel's id of the cell
     gathered: dict = field(default_factory=dict)  # name -> PerRank of the ranks that had it
     gather_errors: dict = field(default_factory=dict)  # name -> {rank: message}
     gather_stats: dict = field(default_factory=dict)  # name -> {rank: {leaf path: statistics}}

@@ -57,7 +57,8 @@ class InFlight:
         with stops.deferred():
             self.pressed = stops.presses()
             try:
-                self.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number, options)
+                self.cell_id = self.result.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number,
+                                                                            options)
             except MPIError:  # a rank's connection is gone: if its process is, say which died and how
                 dead = self.world.dead_ranks(self.ranks)
                 if not dead:

@@ -15,11 +15,12 @@ from traitlets import Bool, Enum, Float, Integer, List, Unicode
 from ..errors import BadArguments, NoMPI, StartInterrupted
 from ..widgets import views
 from ..wire.ranks import parse_ranks
-from . import arguments, stops, visual_debugger
+from . import arguments, kept_state, stops, visual_debugger
 from .cluster import World, check_size
 from .frontend import in_notebook
 from .history import History
 from .launchers import LAUNCHERS, Placement
+from .lifecycle import State
 from .running import CellRunner
 from .world_commands import WorldCommands
 
@@ -105,6 +106,12 @@ class MPIMagics(Magics):
     live_view = Enum(["auto", "widgets", "text", "off"], "auto", config=True,
                      help="How mpinb.report() values show while a cell runs: auto (widgets in a notebook, text in "
                           "a terminal), widgets, text, or off (only kept for mpinb.metrics()).")
+    snapshots = Bool(
+        True, config=True,
+        help="Keep every rank's variables on its host after each cell every rank finished, so that %mpi restart "
+             "after a rank died (a segfault, kill -9, MPI_Abort) puts them back; %mpi restart --fresh starts empty.")
+    snapshot_limit = Integer(1 << 30, config=True,
+                             help="Bytes one name may take in a rank's snapshot; larger ones are listed as not kept.")
     keep_widgets = Bool(
         False, config=True,
         help="Keep each view's widget live after its cell ends (zoom, pickers) instead of replacing it by its static "
@@ -137,7 +144,7 @@ class MPIMagics(Magics):
                        [--launcher {mpi,ssh,slurm,pbs,sge,lsf}] [--hostfile FILE]
                        [--partition P] [--time HH:MM:SS] [--account A] [--scheduler-arg ARG ...]
             %mpi stop
-            %mpi restart [-n N]
+            %mpi restart [-n N] [--fresh]
             %mpi status
             %mpi output
             %mpi metrics [--run NAME]
@@ -152,8 +159,9 @@ class MPIMagics(Magics):
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
         lsf) submits a batch job of N tasks that runs that mpiexec inside its allocation; ``%mpi stop`` cancels
         it. Ranks on other hosts need ``--ip``: the controller listens on loopback unless told otherwise.
-        ``restart`` gives fresh processes
-        (every rank's variables are lost), of a new size with ``-n``. ``status`` lists rank, host, pid and
+        ``restart`` gives fresh processes, of a new size with ``-n``; after a rank died (a segfault, kill -9,
+        ``MPI_Abort``), every rank's variables come back as of the last cell every rank finished (``--fresh``:
+        none), and what could not be kept is listed. ``status`` lists rank, host, pid and
         state. ``output`` shows the last cell's output rank by rank. ``metrics`` shows the charts and per-rank
         table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
         ``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and
@@ -206,7 +214,7 @@ class MPIMagics(Magics):
                       "of the world has ended")
 
     def _command_restart(self, args):
-        self.restart(n=args.n)
+        self.restart(n=args.n, fresh=args.fresh)
 
     # ------------------------------------------------------------------ %%mpi
 
@@ -281,6 +289,8 @@ class MPIMagics(Magics):
             account=account or self.account or None,
             scheduler_args=self.scheduler_args if scheduler_args is None else scheduler_args,
         )
+        if self.world is not None:  # a world that ended by itself: a fresh start, not its variables
+            self.world.kept_state.forget()
         world = World(
             n,
             mpi=mpi or self.default_mpi or None,
@@ -294,6 +304,7 @@ class MPIMagics(Magics):
             threads=self.threads_per_rank,
             progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
         )
+        world.kept_state.enabled, world.kept_state.limit = self.snapshots, self.snapshot_limit
         self.world = world  # also when its start is interrupted: the next %%mpi starts it again, of this size
         try:
             _timed_start(world.start)
@@ -312,6 +323,8 @@ class MPIMagics(Magics):
             return self.cells.run(cell, **options)
 
     def stop(self):
+        if self.world is not None:
+            self.world.kept_state.forget()
         if self.world is None or not self.world.running:
             self.world = None  # a world that ended by itself is forgotten too: the next start takes -n or the default
             print("no MPI world is running")
@@ -321,13 +334,22 @@ class MPIMagics(Magics):
         self.world = None
         print(f"MPI world of {size} rank{'s' if size != 1 else ''} stopped")
 
-    def restart(self, *, n=None):
+    def restart(self, *, n=None, fresh=False):
         """Fresh ranks (of *n*, or as many as before); also for a world that ended by itself (a rank died, three
-        Stops, an interrupted start)."""
+        Stops, an interrupted start). After a rank died, every rank's variables come back as of the last cell
+        every rank finished, unless *fresh*."""
         if self.world is None:
             raise UsageError("no MPI world to restart: %mpi start -n N starts one")
-        _timed_start(lambda: self.world.restart(size=n))
+        died = self.world.state is State.DEAD
+        world = self.world
+        world.kept_state.enabled, world.kept_state.limit = self.snapshots, self.snapshot_limit
+        _timed_start(lambda: world.restart(size=n))
         self.history = History()
+        if not died:
+            world.kept_state.drop_previous()  # a restart of a live world gives fresh ranks, as it always did
+            return
+        for line in kept_state.restore(world, self.commands.on_every_rank, fresh=fresh):
+            print(line)
 
     def ensure_world(self, *, n=None):
         """The running world; start one of *n* ranks if there is none. A size mismatch is a ``UsageError``."""
@@ -344,6 +366,7 @@ class MPIMagics(Magics):
         if world is not None and world.why_ended and n in (None, world.size):
             # the world ended without being asked to (three Stops, an interrupted restart): the same world again
             _timed_start(world.start)
+            world.kept_state.drop_previous()
             self.history = History()
             return world
         return self.start(n=n)

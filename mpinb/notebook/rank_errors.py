@@ -11,8 +11,8 @@ from ..wire.ranks import label_ranks
 from .diagnose import death_report, fatal_stack, last_stderr
 
 
-RESTART = ("%mpi restart starts a fresh world of the same size (every rank's variables ended with this "
-           "one)")  # what to do once a rank died
+RESTART = ("%mpi restart starts a fresh world of the same size, with every rank's variables as of the last cell "
+           "every rank finished (--fresh: without them)")  # what to do once a rank died
 
 
 def died_earlier(world, dead):

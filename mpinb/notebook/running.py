@@ -50,7 +50,8 @@ class CellRunner:
         # IPython's syntax turned into Python once here, not by every rank
         magics = self.magics
         options = CellOptions(
-            settings=AgentSettings(magics.report_interval, magics.collective_wait or None),
+            settings=AgentSettings(magics.report_interval, magics.collective_wait or None,
+                                   magics.world.kept_state.last_complete),
             source=_transformed(magics.shell, cell), trace=bool(trace),
             trace_buffer=magics.trace_buffer if trace else None,
             gather=GatherRequest(tuple(gather), self.transport(ranks), self._root(), bool(inspect)) if gather
@@ -75,6 +76,8 @@ class CellRunner:
             notes = self._recover(stopped)
             raise Interrupted(stopped.errors, stopped.ranks, notes=stopped.notes(notes), first=stopped.first_death) \
                 from None
+        if not result.errors and result.trouble is None and list(result.ranks) == list(self.magics.world.ranks):
+            self.magics.world.kept_state.finished(result.cell_id, number)  # every rank's snapshot of it is kept
         if not stream:
             print(result.rank_ordered())
         if tracer is not None:

@@ -128,7 +128,8 @@ class Startup:
         # on this host the ranks start while the controller does, and wait for this copy of its engine file:
         # the controller writes its own in place, and an engine that read it half-written exited
         self.engine_file = os.path.join(world.status_dir, "engine.json")
-        environment = {"MPINB_STATUS_DIR": world.status_dir, **mpi.environment()}
+        environment = {"MPINB_STATUS_DIR": world.status_dir, **world.kept_state.environment(world.size),
+                       **mpi.environment()}
         if world.loopback:
             environment.update(LOOPBACK_ENV)
         local = not world.placement.batch and not world.placement.hostfile

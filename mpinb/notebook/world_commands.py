@@ -127,6 +127,10 @@ class WorldCommands:
                                  interrupt_grace=magics.interrupt_grace, collective_wait=None,
                                  options=CellOptions(call=Call.of(function, *args)))
 
+    def on_every_rank(self, function, *args):
+        """The result of mpinb's own rank-side *function* called with *args* on every rank (``kept_state``)."""
+        return self._on_ranks(function, *args)
+
     def show_who(self):
         """Every name on the ranks: type, shape, dtype and a content hash per rank, names that differ flagged."""
         self._running_world()

@@ -17,7 +17,8 @@ import zmq
 from ..wire import messages, rank_files, shm
 from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
 from ..wire.kinds import Cell, CellReply, Hello, Reply
-from . import debug, gather, replicas, report, rollcall, runner, stacks, torch_hooks, trace_torch, tracing, visual_debugger
+from . import (debug, gather, replicas, report, rollcall, runner, snapshots, stacks, torch_hooks, trace_torch, tracing,
+               visual_debugger)
 from .abort_watch import AbortWatch
 from .outbox import Ask, BetweenCells, ChannelStream, Outbox, Send, TraceEnd, TraceStart
 
@@ -81,6 +82,7 @@ class Agent:
         self.cell_id = None
         debug.install(lambda prompt: self.outbox.put(Ask(self.cell_id, prompt)), rank)
         visual_debugger.install(lambda message: self.outbox.put(Send(message)), rank)
+        self.snapshots = snapshots.install(rank)
         self.inbox.send_multipart(self.hello.pack(Hello(rank, path)))
 
     def _on_readable(self, *_):
@@ -96,6 +98,8 @@ class Agent:
         if not isinstance(message, Cell):
             return
         cell_id, code, number, options = message
+        if self.snapshots is not None:
+            self.snapshots.wait()  # the last cell's: never of a namespace a cell is changing
         if self.segments is not None and self.rank in options.released:
             self.segments.release(options.released[self.rank])
         if options.settings is not None:  # else a call of mpinb's own: the user's settings stay
@@ -138,6 +142,10 @@ class Agent:
             tracing.state.stop()
             self.outbox.put(TraceEnd(cell_id, spans, dropped))
         self.outbox.reply(self._pack_reply(cell_id, reply, buffers))
+        if self.snapshots is not None and reply.error is None:
+            if options.settings is not None:
+                self.snapshots.complete = options.settings.complete
+            self.snapshots.after_cell(cell_id, runner.user_namespace())
 
     def _gather(self, request):
         """Pack the names of *request* (a ``GatherRequest``) for the notebook: into a shared-memory segment when

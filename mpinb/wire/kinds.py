@@ -35,6 +35,7 @@ class AgentSettings:
 
     report_interval: float
     collective_wait: float | None
+    complete: int | None = None  # the last cell every rank finished: its snapshot is kept (rank/snapshots.py)
 
 
 @dataclass(frozen=True)

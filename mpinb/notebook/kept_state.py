@@ -1,0 +1,131 @@
+"""Every rank's variables across a death: the folders the ranks keep their snapshots in (``rank/snapshots.py``),
+one per start of a world, which cells every rank finished, and the restore after ``%mpi restart``.
+
+A world's snapshot folder is private (0700) and made here for the ranks on this host (a rank on another host
+makes the same path on its own). A restart keeps the folder of the world that died until the fresh world has
+read it; ``%mpi stop`` and the kernel's exit remove them all.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
+
+from ..wire.ranks import label_ranks
+
+
+_roots = set()  # every snapshot folder this kernel made, removed at its exit whatever became of the worlds
+
+
+@atexit.register
+def _remove_all():
+    for root in list(_roots):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class KeptState:
+    """The snapshot folders of one :class:`~mpinb.notebook.cluster.World` across its starts."""
+
+    def __init__(self):
+        self.enabled = True
+        self.limit = None  # bytes one name may take (the ranks' default when None)
+        self.root = None
+        self.generation = 0
+        self.complete = []  # cells (ids) of the current start that every rank finished, with their numbers
+        self.previous = []  # those of the start before, until it is restored or dropped
+        self.sizes = {}  # start -> its number of ranks
+
+    def environment(self, size):
+        """The ranks' environment for the next start, of *size* ranks: where they keep snapshots (nothing when
+        off)."""
+        self.generation += 1
+        self.sizes[self.generation] = size
+        self.previous, self.complete = self.complete, []
+        if not self.enabled:
+            return {}
+        if self.root is None:
+            self.root = tempfile.mkdtemp(prefix="mpinb-snapshots-")
+            _roots.add(self.root)
+        path = self.folder(self.generation)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        environment = {"MPINB_SNAPSHOT_DIR": path}
+        if self.limit is not None:
+            environment["MPINB_SNAPSHOT_LIMIT"] = str(int(self.limit))
+        return environment
+
+    def folder(self, generation):
+        return os.path.join(self.root, f"start-{generation}")
+
+    def finished(self, cell_id, number):
+        """Cell *cell_id* (``In[number]``) ended well on every rank."""
+        self.complete = [*self.complete[-63:], (cell_id, number)]
+
+    @property
+    def last_complete(self):
+        return self.complete[-1][0] if self.complete else None
+
+    def forget(self):
+        """Remove every snapshot (the world is stopped for good)."""
+        root, self.root, self.complete, self.previous = self.root, None, [], []
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+            _roots.discard(root)
+
+    def drop_previous(self):
+        """The world that died is restored, or will not be: its folder goes."""
+        if self.root is not None and self.generation > 1:
+            shutil.rmtree(self.folder(self.generation - 1), ignore_errors=True)
+        self.previous = []
+
+
+def restore(world, on_ranks, fresh=False):
+    """After a restart of a world that died: put back every rank's variables as of the last cell every rank
+    finished, and say what was restored and what was not (lines to print). *on_ranks(function, *args)* calls a
+    rank-side function on every rank (``WorldCommands._on_ranks``)."""
+    from ..rank import snapshots
+
+    kept = world.kept_state
+    previous = kept.previous
+    if fresh or not kept.enabled or not previous or kept.root is None:
+        kept.drop_previous()
+        return []
+    folder = kept.folder(kept.generation - 1)
+    cell, number = previous[-1]
+    size = kept.sizes.get(kept.generation - 1, world.size)
+    if size != world.size:
+        kept.drop_previous()
+        return [f"[mpinb] the world that died had {size} ranks and this one has {world.size}: its variables were "
+                f"not restored (%mpi restart -n {size} restores them)"]
+    result = on_ranks(snapshots.restore, folder, cell)
+    if not result.errors:  # the fresh world's own first snapshot holds them: a second death loses nothing either
+        kept.finished(result.cell_id, number)
+    lines = []
+    if result.errors:
+        failed = sorted(result.errors)
+        lines.append(f"[mpinb] could not restore the variables of {label_ranks(failed)}: "
+                     f"{result.errors[failed[0]]['evalue']}")
+    restored = {rank: value for rank, value in result.values.items()}
+    if restored:
+        names = sorted(set().union(*(set(value[0]) for value in restored.values())))
+        not_kept = {}
+        for value in restored.values():
+            not_kept.update(value[1])
+        size_read = max(value[2] for value in restored.values())
+        seconds = max(value[3] for value in restored.values())
+        every = "every rank's" if len(restored) == world.size else f"{label_ranks(sorted(restored))}'s"
+        lines.append(f"[mpinb] restored {every} variables as of In[{number}], the last cell every rank finished: "
+                     f"{', '.join(names) or 'none'} ({_size(size_read)} per rank at most, restored in {seconds:.2f} s)")
+        if not_kept:
+            lines.append("[mpinb] not kept, so not restored: " + "; ".join(
+                f"{name} ({why})" for name, why in sorted(not_kept.items())) +
+                ". Run the cells that made them again (a process group, a DDP model, a communicator, a lock or an "
+                "open file is made anew, not saved)")
+    kept.drop_previous()
+    return lines
+
+
+def _size(nbytes):
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"

@@ -1,0 +1,268 @@
+"""Each rank's variables kept on its own host after every cell it finished, so that a world whose process died
+can be started again with them (``%mpi restart``).
+
+After a cell ends well, a thread of the rank pickles its namespace in one pass (cloudpickle, so that functions
+and classes defined in cells travel by value; shared objects stay shared: an optimizer still holds the model's
+own parameters) with the bytes of arrays and tensors out of band. Each such buffer is stored once under its
+content hash, so a value that did not change is not written again; the rest (the object graph, small) is written
+per cell, with what could not be kept and why. The next cell waits for the snapshot (at most as long as writing
+what changed takes): a snapshot is never of a namespace a cell is changing. Files live in a private directory
+of the world's (``$MPINB_SNAPSHOT_DIR``), made on the rank's host, one folder per rank; the notebook removes it
+when the world is stopped, and keeps it when a world that died is started again.
+"""
+
+import hashlib
+import io
+import os
+import pickle
+import threading
+import time
+
+from ..wire import files
+
+KEEP = 3  # snapshots of the last cells kept (the last one every rank finished is among them)
+LIMIT_ENV = "MPINB_SNAPSHOT_LIMIT"  # bytes one name may take, at most (else it is listed as not kept)
+DEFAULT_LIMIT = 1 << 30
+DIRECTORY_ENV = "MPINB_SNAPSHOT_DIR"
+# names a world defines itself on every rank, made again by the next one
+WORLD_NAMES = {"comm", "rank", "size", "MPI", "mpi_rank", "mpi_size", "In", "Out", "get_ipython", "exit", "quit", "open",
+               "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii", "_mpinb_cell_value"}
+
+_snapshots = None
+
+
+def install(rank):
+    """Start keeping *rank*'s snapshots, where the world asked for them (``$MPINB_SNAPSHOT_DIR``); ``None``
+    where it did not (snapshots off)."""
+    global _snapshots
+    directory = os.environ.get(DIRECTORY_ENV)
+    _snapshots = Snapshots(directory, rank) if directory else None
+    return _snapshots
+
+
+def current():
+    return _snapshots
+
+
+def _hidden(name):
+    return name in WORLD_NAMES or name.startswith("__") or (name.startswith("_i") and name[2:].isdigit()) or \
+        (name.startswith("_") and name[1:].isdigit())
+
+
+class _Tensor:
+    """How a CPU tensor travels: its bytes out of band (a ``PickleBuffer``), rebuilt by :func:`_tensor`."""
+
+
+def _tensor(data, dtype, shape, requires_grad, parameter):
+    import torch
+
+    flat = torch.frombuffer(bytearray(data) if isinstance(data, (bytes, memoryview)) else data, dtype=torch.uint8)
+    value = flat.view(getattr(torch, dtype)).reshape(shape) if flat.numel() else \
+        torch.empty(shape, dtype=getattr(torch, dtype))
+    if parameter:
+        return torch.nn.Parameter(value, requires_grad=requires_grad)
+    return value.requires_grad_(requires_grad) if requires_grad else value
+
+
+def _pickler_class():
+    import cloudpickle
+
+    class Pickler(cloudpickle.Pickler):
+        """cloudpickle, with CPU tensors' bytes out of band (torch pickles them in band, through a copy)."""
+
+        def reducer_override(self, obj):
+            made_anew = _made_anew(obj)
+            if made_anew is not None:
+                raise pickle.PicklingError(made_anew)
+            torch = _torch()
+            if torch is not None and isinstance(obj, torch.Tensor) and type(obj) in (torch.Tensor,
+                                                                                      torch.nn.Parameter) \
+                    and obj.device.type == "cpu" and obj.layout == torch.strided and not obj.is_quantized:
+                data = obj.detach().contiguous()
+                raw = data.reshape(-1).view(torch.uint8).numpy() if data.numel() else b""
+                return _tensor, (pickle.PickleBuffer(raw), str(data.dtype).removeprefix("torch."),
+                                 tuple(data.shape), obj.requires_grad, type(obj) is torch.nn.Parameter)
+            return super().reducer_override(obj)
+
+    return Pickler
+
+
+# what a fresh world makes anew rather than restores: it belongs to the world that died (pickled, a DDP
+# wrapper would come back without its process group, and fail the whole restore)
+MADE_ANEW = {
+    "DistributedDataParallel": "a DDP wrapper: run the cell that wrapped the model again (the model under it "
+                               "is kept where a name holds it)",
+    "ProcessGroup": "a process group: run the cell that made it again (mpinb.torch.init_process_group())",
+    "Intracomm": "a communicator of the world that died", "Intercomm": "a communicator of the world that died",
+    "Cartcomm": "a communicator of the world that died", "Graphcomm": "a communicator of the world that died",
+    "Request": "an MPI request of the world that died", "Win": "an MPI window of the world that died",
+    "File": "an MPI file of the world that died",
+}
+
+
+def _made_anew(obj):
+    for kind in type(obj).__mro__:  # mpinb's traced communicators are subclasses of mpi4py's
+        why = MADE_ANEW.get(kind.__name__)
+        if why is not None and kind.__module__.startswith(("torch", "mpi4py")):
+            return why
+    return None
+
+
+def _torch():
+    import sys
+
+    return sys.modules.get("torch")
+
+
+class Snapshots:
+    def __init__(self, directory, rank):
+        self.root = os.path.join(directory, f"rank-{rank}")
+        self.blobs = os.path.join(self.root, "blobs")
+        for path in (directory, self.root, self.blobs):
+            _private_directory(path)
+        self.rank = rank
+        self.limit = int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT))
+        self.done = threading.Event()
+        self.done.set()
+        self.thread = None
+        self.last = None  # what the last snapshot said: (cell, kept, not kept, bytes written, seconds)
+        self.refused = {}  # name -> (id of the value, why): a value that would not pickle, not tried again
+        self.pickler = None
+        self.complete = None  # the last cell every rank finished, as the notebook last said
+
+    def after_cell(self, cell, namespace):
+        """Keep *namespace* as of the end of cell *cell*, on a thread (the next cell waits for it: :meth:`wait`)."""
+        self.wait()
+        items = {name: value for name, value in namespace.items() if not _hidden(name)}
+        self.done.clear()
+        self.thread = threading.Thread(target=self._take, args=(cell, items), name="mpinb-snapshot", daemon=True)
+        self.thread.start()
+
+    def wait(self):
+        self.done.wait()
+
+    def _take(self, cell, items):
+        try:
+            self.last = self.take(cell, items)
+        except Exception as exc:  # noqa: BLE001 - a snapshot that failed must never fail the rank's next cell
+            self.last = (cell, [], {"*": f"the snapshot failed: {type(exc).__name__}: {exc}"}, 0, 0.0)
+        finally:
+            self.done.set()
+
+    def take(self, cell, items):
+        """Write the snapshot of cell *cell*; returns ``(cell, kept names, {name: why not kept}, bytes, s)``."""
+        tic = time.perf_counter()
+        not_kept = {}
+        for name in list(items):
+            size = getattr(items[name], "nbytes", 0)
+            if isinstance(size, int) and size > self.limit:
+                not_kept[name] = (f"{size / 2**20:.0f} MB, over the snapshot limit of {self.limit / 2**20:.0f} MB "
+                                  "(%config MPIMagics.snapshot_limit)")
+                del items[name]
+                continue
+            refused = self.refused.get(name)
+            if refused is not None and refused[0] == id(items[name]):
+                not_kept[name] = refused[1]
+                del items[name]
+        while True:
+            try:
+                header, buffers = self._pickle(items)
+                break
+            except Exception:  # noqa: BLE001 - find which names do not pickle, list them, keep the rest
+                for name in list(items):
+                    try:
+                        self._pickle({name: items[name]})
+                    except Exception as exc:  # noqa: BLE001
+                        why = _why(items[name], exc)
+                        not_kept[name] = why
+                        self.refused[name] = (id(items[name]), why)
+                        del items[name]
+        hashes, written = [], 0
+        for buffer in buffers:
+            view = buffer.raw()
+            digest = hashlib.blake2b(view, digest_size=20).hexdigest()
+            hashes.append(digest)
+            path = os.path.join(self.blobs, digest)
+            if not os.path.exists(path):
+                _write(path, [view])
+                written += view.nbytes
+        manifest = pickle.dumps({"cell": cell, "names": sorted(items), "not_kept": not_kept, "header": header,
+                                 "buffers": hashes}, protocol=pickle.HIGHEST_PROTOCOL)
+        _write(os.path.join(self.root, f"cell-{cell:08d}"), [manifest])
+        written += len(manifest)
+        self._forget_old()
+        return cell, sorted(items), not_kept, written, time.perf_counter() - tic
+
+    def _pickle(self, items):
+        if self.pickler is None:
+            self.pickler = _pickler_class()
+        buffers, out = [], io.BytesIO()
+        self.pickler(out, protocol=5, buffer_callback=buffers.append).dump(items)
+        return out.getvalue(), buffers
+
+    def _forget_old(self):
+        """Keep the last :data:`KEEP` snapshots and the one of the last cell every rank finished (the notebook
+        says which: ``complete``), and the buffers they name."""
+        manifests = sorted(name for name in os.listdir(self.root) if name.startswith("cell-"))
+        kept = set(manifests[-KEEP:]) | ({f"cell-{self.complete:08d}"} if self.complete is not None else set())
+        for name in manifests:
+            if name not in kept:
+                os.unlink(os.path.join(self.root, name))
+        wanted = set()
+        for name in kept & set(manifests):
+            with open(os.path.join(self.root, name), "rb") as file:
+                wanted.update(pickle.load(file)["buffers"])
+        for name in os.listdir(self.blobs):
+            if name not in wanted and not name.startswith(".mpinb-"):
+                os.unlink(os.path.join(self.blobs, name))
+
+
+def _private_directory(path):
+    """Make *path* a directory only this user may enter, or check that it is one (another user could have
+    made it first on a shared host)."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if not files.private_directory(path):
+        raise PermissionError(f"{path} is not a private directory of this user's: snapshots are not kept there")
+
+
+def _why(value, exc):
+    if isinstance(exc, pickle.PicklingError) and str(exc) in MADE_ANEW.values():
+        return str(exc) if _made_anew(value) else f"it holds {exc}"
+    kind = type(value).__name__
+    return f"a {kind} does not pickle ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def _write(path, chunks):
+    """Write *chunks* to *path* whole or not at all (a fresh file, renamed once written)."""
+    def write(file):
+        for chunk in chunks:
+            file.write(chunk)
+
+    files.replace(path, write, mode="wb")
+
+
+def restore(directory, cell, rank=None, namespace=None):
+    """Put the variables of *rank*'s snapshot of cell *cell* (under *directory*, a world's snapshot folder on this
+    host) into *namespace* (the rank's, by default); returns ``(names restored, {name: why not kept}, bytes
+    read, seconds)``. Called on each rank of a fresh world by ``%mpi restart``."""
+    from .runner import user_namespace
+
+    namespace = user_namespace() if namespace is None else namespace
+    rank = namespace["rank"] if rank is None else rank
+    tic = time.perf_counter()
+    root = os.path.join(directory, f"rank-{rank}")
+    path = os.path.join(root, f"cell-{cell:08d}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no snapshot of cell {cell} on this host ({path})")
+    with open(path, "rb") as file:
+        manifest = pickle.load(file)
+    buffers, read = [], 0
+    for digest in manifest["buffers"]:
+        with open(os.path.join(root, "blobs", digest), "rb") as file:
+            data = bytearray(os.fstat(file.fileno()).st_size)
+            file.readinto(data)
+        read += len(data)
+        buffers.append(data)
+    values = pickle.loads(manifest["header"], buffers=buffers)
+    namespace.update(values)
+    return manifest["names"], manifest["not_kept"], read, time.perf_counter() - tic
