@@ -19,6 +19,7 @@ import threading
 import time
 
 from ..wire import files
+from .who.text import size_text
 
 KEEP = 3  # snapshots of the last cells kept (the last one every rank finished is among them)
 LIMIT_ENV = "MPINB_SNAPSHOT_LIMIT"  # bytes one name may take, at most (else it is listed as not kept)
@@ -156,8 +157,8 @@ class Snapshots:
         for name in list(items):
             size = getattr(items[name], "nbytes", 0)
             if isinstance(size, int) and size > self.limit:
-                not_kept[name] = (f"{size / 2**20:.0f} MB, over the snapshot limit of {self.limit / 2**20:.0f} MB "
-                                  "(%config MPIMagics.snapshot_limit)")
+                not_kept[name] = (f"{size_text(size)}, over the snapshot limit of {size_text(self.limit)}: "
+                                  "%config MPIMagics.snapshot_limit")
                 del items[name]
                 continue
             refused = self.refused.get(name)

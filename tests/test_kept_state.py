@@ -1,0 +1,148 @@
+"""Every rank's variables survive a death, through a real kernel: a segfault, kill -9, MPI_Abort and a size
+mismatch torch's backend ends the job over, each followed by ``%mpi restart`` and a check of every rank's values
+(an int, an array, a tensor, a model's weights, an optimizer's state, still the model's own parameters) and of
+the names not kept; ``--fresh``, snapshots switched off, the size limit, and nothing left after ``%mpi stop``."""
+
+import os
+import re
+
+import pytest
+from conftest import leftover_ranks, new_world_tag
+
+from kernel_session import kernel
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
+
+STATE = """%%mpi
+import threading, numpy as np, torch
+torch.manual_seed(rank)
+keep = rank * 7
+arr = np.arange(5.0) + rank
+t = torch.full((3,), float(rank))
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.Adam(model.parameters(), lr=0.1)
+model(torch.randn(8, 4)).sum().backward()
+opt.step()
+lock = threading.Lock()
+def twice(v):
+    return 2 * v
+with torch.no_grad():
+    before = (float(model.weight.sum()), float(opt.state[model.weight]['exp_avg'].sum()))
+"""
+
+CHECK = """%%mpi
+with torch.no_grad():
+    after = (float(model.weight.sum()), float(opt.state[model.weight]['exp_avg'].sum()))
+print('values', keep, arr.tolist(), t.tolist(), twice(3), after == before,
+      opt.param_groups[0]['params'][0] is model.weight, 'lock' in dir())
+"""
+
+CRASHES = {
+    "segfault": "%%mpi\nimport ctypes\nif rank == 1:\n    ctypes.string_at(0)\ncomm.Barrier()",
+    "kill -9": "%%mpi\nimport os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ncomm.Barrier()",
+    "MPI_Abort": "%%mpi\nif rank == 1:\n    comm.Abort(3)\ncomm.Barrier()",
+}
+
+
+@pytest.fixture(scope="module")
+def session():
+    tag = new_world_tag()
+    with kernel() as k:
+        assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
+        yield k
+        k.run("%mpi stop")
+    assert not leftover_ranks(tag)
+
+
+def crashed(session, code):
+    shown = session.run(code)
+    assert shown.status == "error" and "RankLost" in shown.text, shown.text
+    return shown
+
+
+def restarted(session, command="%mpi restart"):
+    shown = session.run(command)
+    assert shown.status == "ok", shown.text
+    return shown.text
+
+
+def values_of_every_rank(session):
+    shown = session.run(CHECK)
+    assert shown.status == "ok", shown.text
+    return sorted(line for line in shown.text.splitlines() if "values" in line)
+
+
+RESTORED = ["[rank 0] values 0 [0.0, 1.0, 2.0, 3.0, 4.0] [0.0, 0.0, 0.0] 6 True True False",
+            "[rank 1] values 7 [1.0, 2.0, 3.0, 4.0, 5.0] [1.0, 1.0, 1.0] 6 True True False"]
+
+
+@pytest.mark.parametrize("how", list(CRASHES))
+def test_a_restart_after_a_death_puts_every_ranks_variables_back(session, how):
+    assert session.run(STATE).status == "ok"
+    crashed(session, CRASHES[how])
+    said = restarted(session)
+    restored = re.search(r"restored every rank's variables as of In\[\d+\], the last cell every rank finished: "
+                         r"([\w, ]+) \(", said)
+    assert restored, said
+    assert {"arr", "before", "keep", "model", "opt", "t", "twice"} <= set(restored.group(1).split(", ")), said
+    assert "not kept, so not restored: lock (a lock does not pickle" in said, said
+    assert values_of_every_rank(session) == RESTORED
+
+
+def test_a_size_mismatch_the_backend_ends_the_job_over_keeps_the_model_and_names_the_ddp_wrapper(session):
+    setup = STATE + ("import mpinb.torch as mt, torch.distributed as dist\nmt.init_process_group()\n"
+                     "ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n")
+    assert session.run(setup).status == "ok"
+    shown = session.run("%%mpi\ndist.all_reduce(torch.ones(4 if rank == 0 else 8))")
+    assert shown.status == "error" and "all_reduce(4 x float32)" in shown.text, shown.text
+    said = restarted(session)
+    assert "ddp (a DDP wrapper: run the cell that wrapped the model again" in said, said
+    assert values_of_every_rank(session) == RESTORED
+    again = session.run("%%mpi\nmt.init_process_group()\nt2 = torch.ones(2) * (rank + 1)\ndist.all_reduce(t2)\n"
+                        "print('sum', t2.tolist())")
+    assert again.status == "ok" and again.text.count("sum [3.0, 3.0]") == 2, again.text
+
+
+def test_fresh_and_a_world_of_another_size_start_empty(session):
+    assert session.run(STATE).status == "ok"
+    crashed(session, CRASHES["kill -9"])
+    said = restarted(session, "%mpi restart --fresh")
+    assert "restored" not in said, said
+    shown = session.run("%%mpi\nkeep")
+    assert shown.status == "error" and "NameError" in shown.text, shown.text
+    assert session.run(STATE).status == "ok"
+    crashed(session, CRASHES["kill -9"])
+    said = restarted(session, "%mpi restart -n 3")
+    assert "the world that died had 2 ranks and this one has 3: its variables were not restored" in said, said
+    assert restarted(session, "%mpi restart -n 2")
+
+
+def test_snapshots_switched_off_and_the_size_limit(session):
+    assert session.run("%config MPIMagics.snapshots = False").status == "ok"
+    assert session.run(STATE).status == "ok"
+    crashed(session, CRASHES["kill -9"])
+    said = restarted(session)
+    assert "restored" not in said, said
+    assert session.run("%config MPIMagics.snapshots = True").status == "ok"
+    assert session.run("%config MPIMagics.snapshot_limit = 100000").status == "ok"
+    restarted(session, "%mpi restart")  # the setting is read at each start
+    big = session.run("%%mpi\nimport numpy as np\nsmall = np.ones(10) * rank\nbig = np.ones(1_000_000)")
+    assert big.status == "ok", big.text
+    crashed(session, CRASHES["kill -9"])
+    said = restarted(session)
+    assert "big (7.63 MB, over the snapshot limit of 97.7 kB: %config MPIMagics.snapshot_limit)" in said, said
+    assert "small" in said.split("not kept")[0], said
+    shown = session.run("%%mpi\nprint('small', small.sum(), 'big' in dir())")
+    assert "[rank 1] small 10.0 False" in shown.text, shown.text
+    assert session.run(f"%config MPIMagics.snapshot_limit = {1 << 30}").status == "ok"
+
+
+def test_stop_removes_every_snapshot(session):
+    assert session.run(STATE).status == "ok"
+    shown = session.run("print(get_ipython().magics_manager.registry['MPIMagics'].world.kept_state.root)")
+    root = shown.text.strip()
+    assert os.path.isdir(root) and oct(os.stat(root).st_mode & 0o777) == "0o700", root
+    assert any(name.startswith("rank-") for start in os.listdir(root) for name in os.listdir(os.path.join(root, start)))
+    assert session.run("%mpi stop").status == "ok"
+    assert not os.path.exists(root)
+    assert session.run("%mpi start -n 2").status == "ok"
