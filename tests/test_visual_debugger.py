@@ -200,7 +200,8 @@ def test_ordinary_cells_keep_the_kernels_own_debugger(dap):
 
 
 def test_pdb_on_a_rank_works_beside_the_panel(dap):
-    msg_id = dap.execute("%%mpi\nsecret = rank + 40\nif rank == 1:\n    breakpoint()\nsecret", answers=["p secret", "c"])
+    msg_id = dap.execute("%%mpi\nsecret = rank + 40\nif rank == 1:\n    breakpoint()\nsecret",
+                         answers=["p secret", "c"])
     assert dap.wait(msg_id, 120)
     assert any("(rank 1) (Pdb)" in prompt for prompt in dap.prompts), dap.prompts
     assert "41" in text(dap, msg_id), text(dap, msg_id)

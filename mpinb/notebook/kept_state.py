@@ -29,6 +29,7 @@ class KeptState:
     def __init__(self):
         self.enabled = True
         self.limit = None  # bytes one name may take (the ranks' default when None)
+        self.lag = None  # seconds of a rank's work a crash may lose at most (the ranks' default when None)
         self.root = None
         self.generation = 0
         self.complete = []  # cells (ids) of the current start that every rank finished, with their numbers
@@ -51,6 +52,8 @@ class KeptState:
         environment = {"MPINB_SNAPSHOT_DIR": path}
         if self.limit is not None:
             environment["MPINB_SNAPSHOT_LIMIT"] = str(int(self.limit))
+        if self.lag is not None:
+            environment["MPINB_SNAPSHOT_LAG"] = repr(float(self.lag))
         return environment
 
     def folder(self, generation):
@@ -90,12 +93,20 @@ def restore(world, on_ranks, fresh=False):
         kept.drop_previous()
         return []
     folder = kept.folder(kept.generation - 1)
-    cell, number = previous[-1]
     size = kept.sizes.get(kept.generation - 1, world.size)
     if size != world.size:
         kept.drop_previous()
         return [f"[mpinb] the world that died had {size} ranks and this one has {world.size}: its variables were "
                 f"not restored (%mpi restart -n {size} restores them)"]
+    held = on_ranks(snapshots.available, folder)
+    common = set.intersection(*(set(cells) for cells in held.values.values())) \
+        if len(held.values) == world.size else set()
+    usable = [(cell, number) for cell, number in previous if cell in common]
+    if not usable:
+        kept.drop_previous()
+        return ["[mpinb] no cell every rank finished has a snapshot on every rank (a rank takes one when it has "
+                "been idle for a moment after a cell): the variables of the world that died are lost"]
+    cell, number = usable[-1]
     result = on_ranks(snapshots.restore, folder, cell)
     if not result.errors:  # the fresh world's own first snapshot holds them: a second death loses nothing either
         kept.finished(result.cell_id, number)
@@ -113,8 +124,9 @@ def restore(world, on_ranks, fresh=False):
         size_read = max(value[2] for value in restored.values())
         seconds = max(value[3] for value in restored.values())
         every = "every rank's" if len(restored) == world.size else f"{label_ranks(sorted(restored))}'s"
-        lines.append(f"[mpinb] restored {every} variables as of In[{number}], the last cell every rank finished: "
-                     f"{', '.join(names) or 'none'} ({_size(size_read)} per rank at most, restored in {seconds:.2f} s)")
+        lines.append(f"[mpinb] restored {every} variables as of In[{number}], the last cell every rank finished "
+                     f"and kept: {', '.join(names) or 'none'} ({_size(size_read)} per rank at most, restored in "
+                     f"{seconds:.2f} s)")
         if not_kept:
             lines.append("[mpinb] not kept, so not restored: " + "; ".join(
                 f"{name} ({why})" for name, why in sorted(not_kept.items())) +

@@ -112,6 +112,10 @@ class MPIMagics(Magics):
              "after a rank died (a segfault, kill -9, MPI_Abort) puts them back; %mpi restart --fresh starts empty.")
     snapshot_limit = Integer(1 << 30, config=True,
                              help="Bytes one name may take in a rank's snapshot; larger ones are listed as not kept.")
+    snapshot_lag = Float(
+        10.0, config=True,
+        help="Seconds of a rank's work a crash may lose at most: a rank snapshots its variables when idle for 0.2 s "
+             "after a cell, and a cell that comes sooner waits for that snapshot only when the last one is older.")
     keep_widgets = Bool(
         False, config=True,
         help="Keep each view's widget live after its cell ends (zoom, pickers) instead of replacing it by its static "
@@ -305,6 +309,7 @@ class MPIMagics(Magics):
             progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
         )
         world.kept_state.enabled, world.kept_state.limit = self.snapshots, self.snapshot_limit
+        world.kept_state.lag = self.snapshot_lag
         self.world = world  # also when its start is interrupted: the next %%mpi starts it again, of this size
         try:
             _timed_start(world.start)
@@ -343,6 +348,7 @@ class MPIMagics(Magics):
         died = self.world.state is State.DEAD
         world = self.world
         world.kept_state.enabled, world.kept_state.limit = self.snapshots, self.snapshot_limit
+        world.kept_state.lag = self.snapshot_lag
         _timed_start(lambda: world.restart(size=n))
         self.history = History()
         if not died:

@@ -1,5 +1,6 @@
 """The rank's way back to the notebook: one thread and one socket that send a cell's output (coalesced),
-``mpinb.report()`` records, trace spans, debugger prompts and the visual debugger's messages in the order they were made, then its reply."""
+``mpinb.report()`` records, trace spans, debugger prompts and the visual debugger's messages in the order they
+were made, then its reply."""
 
 import codecs
 import enum

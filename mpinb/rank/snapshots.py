@@ -11,12 +11,13 @@ of the world's (``$MPINB_SNAPSHOT_DIR``), made on the rank's host, one folder pe
 when the world is stopped, and keeps it when a world that died is started again.
 """
 
-import hashlib
 import io
 import os
 import pickle
 import threading
 import time
+
+import xxhash
 
 from ..wire import files
 from .who.text import size_text
@@ -24,9 +25,14 @@ from .who.text import size_text
 KEEP = 3  # snapshots of the last cells kept (the last one every rank finished is among them)
 LIMIT_ENV = "MPINB_SNAPSHOT_LIMIT"  # bytes one name may take, at most (else it is listed as not kept)
 DEFAULT_LIMIT = 1 << 30
+IDLE_ENV = "MPINB_SNAPSHOT_IDLE"  # seconds a rank waits after a cell before its snapshot
+IDLE = 0.2
+LAG_ENV = "MPINB_SNAPSHOT_LAG"  # seconds of a rank's work a crash may lose at most (see Snapshots.wait)
+LAG = 10.0
 DIRECTORY_ENV = "MPINB_SNAPSHOT_DIR"
 # names a world defines itself on every rank, made again by the next one
-WORLD_NAMES = {"comm", "rank", "size", "MPI", "mpi_rank", "mpi_size", "In", "Out", "get_ipython", "exit", "quit", "open",
+WORLD_NAMES = {"comm", "rank", "size", "MPI", "mpi_rank", "mpi_size", "In", "Out", "get_ipython", "exit", "quit",
+               "open",
                "_ih", "_oh", "_dh", "_", "__", "___", "_i", "_ii", "_iii", "_mpinb_cell_value"}
 
 _snapshots = None
@@ -71,7 +77,10 @@ def _pickler_class():
     class Pickler(cloudpickle.Pickler):
         """cloudpickle, with CPU tensors' bytes out of band (torch pickles them in band, through a copy)."""
 
+        check = staticmethod(lambda: None)  # raises Cancelled when a cell arrived
+
         def reducer_override(self, obj):
+            self.check()
             made_anew = _made_anew(obj)
             if made_anew is not None:
                 raise pickle.PicklingError(made_anew)
@@ -115,7 +124,17 @@ def _torch():
     return sys.modules.get("torch")
 
 
+class Cancelled(Exception):
+    """A cell arrived while a snapshot was being taken: it is dropped, the cell runs at once."""
+
+
 class Snapshots:
+    """Takes this rank's snapshots on a thread of its own, :data:`IDLE` seconds after a cell ended well, when no
+    other cell came meanwhile: a cell that arrives first cancels it (at the next object pickled or the next 8 MB
+    written) and runs at once, unless the last snapshot is older than :data:`LAG` seconds (then the cell waits for
+    this one). A restart uses the last cell every rank finished and has a snapshot of; which cells have one,
+    every rank says then (:func:`available`)."""
+
     def __init__(self, directory, rank):
         self.root = os.path.join(directory, f"rank-{rank}")
         self.blobs = os.path.join(self.root, "blobs")
@@ -123,32 +142,79 @@ class Snapshots:
             _private_directory(path)
         self.rank = rank
         self.limit = int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT))
-        self.done = threading.Event()
-        self.done.set()
-        self.thread = None
+        self.idle = float(os.environ.get(IDLE_ENV, IDLE))
+        self.lag = float(os.environ.get(LAG_ENV, LAG))
+        self.taken_at = time.monotonic()  # when the last snapshot was taken (or the rank started)
         self.last = None  # what the last snapshot said: (cell, kept, not kept, bytes written, seconds)
         self.refused = {}  # name -> (id of the value, why): a value that would not pickle, not tried again
         self.pickler = None
         self.complete = None  # the last cell every rank finished, as the notebook last said
-
-    def after_cell(self, cell, namespace):
-        """Keep *namespace* as of the end of cell *cell*, on a thread (the next cell waits for it: :meth:`wait`)."""
-        self.wait()
-        items = {name: value for name, value in namespace.items() if not _hidden(name)}
-        self.done.clear()
-        self.thread = threading.Thread(target=self._take, args=(cell, items), name="mpinb-snapshot", daemon=True)
+        self.manifests = {}  # cell -> the buffers (hashes) its snapshot names
+        self.lock = threading.Condition()
+        self.pending = None  # (cell, namespace items) to take once the rank was idle long enough
+        self.due = None
+        self.busy = False  # a snapshot is being taken
+        self.cancel = False
+        self.thread = threading.Thread(target=self._run, name="mpinb-snapshots", daemon=True)
         self.thread.start()
 
-    def wait(self):
-        self.done.wait()
+    def after_cell(self, cell, namespace):
+        """Keep *namespace* as of the end of cell *cell*, once the rank was idle for :attr:`idle` seconds."""
+        items = {name: value for name, value in namespace.items() if not _hidden(name)}
+        with self.lock:
+            self.pending, self.due, self.cancel = (cell, items), time.monotonic() + self.idle, False
+            self.lock.notify()
 
-    def _take(self, cell, items):
-        try:
-            self.last = self.take(cell, items)
-        except Exception as exc:  # noqa: BLE001 - a snapshot that failed must never fail the rank's next cell
-            self.last = (cell, [], {"*": f"the snapshot failed: {type(exc).__name__}: {exc}"}, 0, 0.0)
-        finally:
-            self.done.set()
+    def wait(self):
+        """A cell is about to run: no snapshot may read the namespace while it does. While the last snapshot
+        taken is younger than :attr:`lag` seconds, a pending one is dropped and a running one stopped; older, the
+        cell waits for the pending one to be taken (so a crash loses at most that much of a rank's work, also
+        when cells follow each other with no pause)."""
+        with self.lock:
+            if self.pending is None and not self.busy:
+                return
+            if time.monotonic() - self.taken_at >= self.lag:
+                self.due = 0.0
+                self.lock.notify_all()
+                while self.pending is not None or self.busy:
+                    self.lock.wait()
+                return
+            self.pending = None
+            if self.busy:
+                self.cancel = True
+                while self.busy:
+                    self.lock.wait()
+            self.cancel = False
+
+    def settle(self, timeout=30.0):
+        """Wait until the pending snapshot is taken (for tests and benchmarks: a restart only uses those taken)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while (self.pending is not None or self.busy) and time.monotonic() < deadline:
+                self.lock.wait(0.05)
+
+    def _run(self):
+        while True:
+            with self.lock:
+                while self.pending is None or time.monotonic() < self.due:
+                    self.lock.wait(None if self.pending is None else max(0.0, self.due - time.monotonic()))
+                (cell, items), self.pending, self.busy = self.pending, None, True
+            try:
+                self.last = self.take(cell, items)
+                self.taken_at = time.monotonic()
+            except Cancelled:
+                pass
+            except Exception as exc:  # noqa: BLE001 - a snapshot that failed must never fail the rank's next cell
+                self.last = (cell, [], {"*": f"the snapshot failed: {type(exc).__name__}: {exc}"}, 0, 0.0)
+            finally:
+                del items
+                with self.lock:
+                    self.busy = False
+                    self.lock.notify_all()
+
+    def _check(self):
+        if self.cancel:
+            raise Cancelled
 
     def take(self, cell, items):
         """Write the snapshot of cell *cell*; returns ``(cell, kept names, {name: why not kept}, bytes, s)``."""
@@ -169,10 +235,14 @@ class Snapshots:
             try:
                 header, buffers = self._pickle(items)
                 break
+            except Cancelled:
+                raise
             except Exception:  # noqa: BLE001 - find which names do not pickle, list them, keep the rest
                 for name in list(items):
                     try:
                         self._pickle({name: items[name]})
+                    except Cancelled:
+                        raise
                     except Exception as exc:  # noqa: BLE001
                         why = _why(items[name], exc)
                         not_kept[name] = why
@@ -180,17 +250,20 @@ class Snapshots:
                         del items[name]
         hashes, written = [], 0
         for buffer in buffers:
+            self._check()
             view = buffer.raw()
-            digest = hashlib.blake2b(view, digest_size=20).hexdigest()
+            digest = xxhash.xxh3_128_hexdigest(view)
             hashes.append(digest)
             path = os.path.join(self.blobs, digest)
             if not os.path.exists(path):
-                _write(path, [view])
+                _write(path, view, self._check)
                 written += view.nbytes
+        self._check()
         manifest = pickle.dumps({"cell": cell, "names": sorted(items), "not_kept": not_kept, "header": header,
                                  "buffers": hashes}, protocol=pickle.HIGHEST_PROTOCOL)
-        _write(os.path.join(self.root, f"cell-{cell:08d}"), [manifest])
+        _write(os.path.join(self.root, f"cell-{cell:08d}"), manifest)
         written += len(manifest)
+        self.manifests[cell] = hashes
         self._forget_old()
         return cell, sorted(items), not_kept, written, time.perf_counter() - tic
 
@@ -198,21 +271,21 @@ class Snapshots:
         if self.pickler is None:
             self.pickler = _pickler_class()
         buffers, out = [], io.BytesIO()
-        self.pickler(out, protocol=5, buffer_callback=buffers.append).dump(items)
+        pickler = self.pickler(out, protocol=5, buffer_callback=buffers.append)
+        pickler.check = self._check
+        pickler.dump(items)
         return out.getvalue(), buffers
 
     def _forget_old(self):
         """Keep the last :data:`KEEP` snapshots and the one of the last cell every rank finished (the notebook
         says which: ``complete``), and the buffers they name."""
-        manifests = sorted(name for name in os.listdir(self.root) if name.startswith("cell-"))
-        kept = set(manifests[-KEEP:]) | ({f"cell-{self.complete:08d}"} if self.complete is not None else set())
-        for name in manifests:
-            if name not in kept:
-                os.unlink(os.path.join(self.root, name))
-        wanted = set()
-        for name in kept & set(manifests):
-            with open(os.path.join(self.root, name), "rb") as file:
-                wanted.update(pickle.load(file)["buffers"])
+        cells = sorted(self.manifests)
+        kept = set(cells[-KEEP:]) | ({self.complete} & set(cells))
+        for cell in cells:
+            if cell not in kept:
+                os.unlink(os.path.join(self.root, f"cell-{cell:08d}"))
+                del self.manifests[cell]
+        wanted = set().union(*self.manifests.values())
         for name in os.listdir(self.blobs):
             if name not in wanted and not name.startswith(".mpinb-"):
                 os.unlink(os.path.join(self.blobs, name))
@@ -233,13 +306,33 @@ def _why(value, exc):
     return f"a {kind} does not pickle ({type(exc).__name__}: {str(exc)[:120]})"
 
 
-def _write(path, chunks):
-    """Write *chunks* to *path* whole or not at all (a fresh file, renamed once written)."""
+CHUNK = 8 << 20  # bytes written between looks at whether a cell arrived
+
+
+def _write(path, data, check=None):
+    """Write *data* to *path* whole or not at all (a fresh file, renamed once written); *check* is called
+    between chunks (it raises to give up)."""
+    view = memoryview(data).cast("B")
+
     def write(file):
-        for chunk in chunks:
-            file.write(chunk)
+        for start in range(0, max(1, view.nbytes), CHUNK):
+            if check is not None:
+                check()
+            file.write(view[start:start + CHUNK])
 
     files.replace(path, write, mode="wb")
+
+
+def available(directory, rank=None):
+    """The cells this rank has a whole snapshot of under *directory* (a world's snapshot folder on this host)."""
+    from .runner import user_namespace
+
+    rank = user_namespace()["rank"] if rank is None else rank
+    try:
+        names = os.listdir(os.path.join(directory, f"rank-{rank}"))
+    except FileNotFoundError:
+        return []
+    return sorted(int(name.removeprefix("cell-")) for name in names if name.startswith("cell-"))
 
 
 def restore(directory, cell, rank=None, namespace=None):

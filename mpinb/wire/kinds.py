@@ -4,8 +4,8 @@ raised when a type's fields or meaning change, so that a rank of another mpinb i
 Notebook → rank (the cell socket, to the rank's agent or to its roll-call thread): :class:`Cell`,
 :class:`RollCall`, :class:`AskStack`, :class:`Settle`, :class:`Stdin`, :class:`DebugCommand`.
 Rank → notebook (the events socket): :class:`Hello`, :class:`Out`, :class:`Metrics`, :class:`TraceSpans`,
-:class:`Input`, :class:`DebugStopped`, :class:`DebugAnswer`, :class:`Reply` from the agent; :class:`Listening`, :class:`Waiting`, :class:`Where`,
-:class:`Stack`, :class:`Settled` from the roll-call thread.
+:class:`Input`, :class:`DebugStopped`, :class:`DebugAnswer`, :class:`Reply` from the agent; :class:`Listening`,
+:class:`Waiting`, :class:`Where`, :class:`Stack`, :class:`Settled` from the roll-call thread.
 """
 
 from dataclasses import dataclass, field
