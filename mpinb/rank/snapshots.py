@@ -148,12 +148,14 @@ class Snapshots:
         self.last = None  # what the last snapshot said: (cell, kept, not kept, bytes written, seconds)
         self.refused = {}  # name -> (id of the value, why): a value that would not pickle, not tried again
         self.pickler = None
+        self.phases = {}  # seconds the last snapshot spent pickling, hashing, writing, forgetting old ones
         self.complete = None  # the last cell every rank finished, as the notebook last said
         self.manifests = {}  # cell -> the buffers (hashes) its snapshot names
         self.lock = threading.Condition()
         self.pending = None  # (cell, namespace items) to take once the rank was idle long enough
         self.due = None
         self.busy = False  # a snapshot is being taken
+        self.asleep = False  # the thread waits with nothing pending (a new snapshot must wake it)
         self.cancel = False
         self.thread = threading.Thread(target=self._run, name="mpinb-snapshots", daemon=True)
         self.thread.start()
@@ -163,7 +165,8 @@ class Snapshots:
         items = {name: value for name, value in namespace.items() if not _hidden(name)}
         with self.lock:
             self.pending, self.due, self.cancel = (cell, items), time.monotonic() + self.idle, False
-            self.lock.notify()
+            if self.asleep:  # else it wakes at an earlier due time, and waits on for this one: no wake-up per cell
+                self.lock.notify()
 
     def wait(self):
         """A cell is about to run: no snapshot may read the namespace while it does. While the last snapshot
@@ -179,7 +182,7 @@ class Snapshots:
                 while self.pending is not None or self.busy:
                     self.lock.wait()
                 return
-            self.pending = None
+            self.pending = None  # the thread, woken at its due time, finds nothing to do
             if self.busy:
                 self.cancel = True
                 while self.busy:
@@ -197,7 +200,9 @@ class Snapshots:
         while True:
             with self.lock:
                 while self.pending is None or time.monotonic() < self.due:
-                    self.lock.wait(None if self.pending is None else max(0.0, self.due - time.monotonic()))
+                    self.asleep = self.pending is None
+                    self.lock.wait(None if self.asleep else max(0.0, self.due - time.monotonic()))
+                    self.asleep = False
                 (cell, items), self.pending, self.busy = self.pending, None, True
             try:
                 self.last = self.take(cell, items)
@@ -248,11 +253,15 @@ class Snapshots:
                         not_kept[name] = why
                         self.refused[name] = (id(items[name]), why)
                         del items[name]
-        hashes, written = [], 0
+        hashes, written, hashing = [], 0, 0.0
+        pickled = time.perf_counter()
+        self._forget_old(room=1)  # the oldest goes before this one is written: the disk holds KEEP at most
         for buffer in buffers:
             self._check()
             view = buffer.raw()
+            started = time.perf_counter()
             digest = xxhash.xxh3_128_hexdigest(view)
+            hashing += time.perf_counter() - started
             hashes.append(digest)
             path = os.path.join(self.blobs, digest)
             if not os.path.exists(path):
@@ -265,6 +274,7 @@ class Snapshots:
         written += len(manifest)
         self.manifests[cell] = hashes
         self._forget_old()
+        self.phases = {"pickle": pickled - tic, "hash": hashing, "write": time.perf_counter() - pickled - hashing}
         return cell, sorted(items), not_kept, written, time.perf_counter() - tic
 
     def _pickle(self, items):
@@ -276,11 +286,11 @@ class Snapshots:
         pickler.dump(items)
         return out.getvalue(), buffers
 
-    def _forget_old(self):
-        """Keep the last :data:`KEEP` snapshots and the one of the last cell every rank finished (the notebook
-        says which: ``complete``), and the buffers they name."""
+    def _forget_old(self, room=0):
+        """Keep the last :data:`KEEP` snapshots (less *room*, for the one about to be written) and the one of the
+        last cell every rank finished (the notebook says which: ``complete``), and the buffers they name."""
         cells = sorted(self.manifests)
-        kept = set(cells[-KEEP:]) | ({self.complete} & set(cells))
+        kept = set(cells[len(cells) - (KEEP - room):]) | ({self.complete} & set(cells))
         for cell in cells:
             if cell not in kept:
                 os.unlink(os.path.join(self.root, f"cell-{cell:08d}"))
