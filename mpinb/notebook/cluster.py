@@ -317,6 +317,11 @@ class World:
         self.engines = {}
         _live_worlds.discard(self)
 
+    def keep_state(self, enabled, *, limit=None, lag=None):
+        """Whether the ranks of the next start snapshot their variables (for a restart after a death), and how
+        (``KeptState``)."""
+        self.kept_state.enabled, self.kept_state.limit, self.kept_state.lag = enabled, limit, lag
+
     def restart(self, size=None, *, kill=False):
         """Stop this world and start a fresh one (same size unless *size* is given); returns ``self``.
 

@@ -308,8 +308,7 @@ class MPIMagics(Magics):
             threads=self.threads_per_rank,
             progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
         )
-        world.kept_state.enabled, world.kept_state.limit = self.snapshots, self.snapshot_limit
-        world.kept_state.lag = self.snapshot_lag
+        world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
         self.world = world  # also when its start is interrupted: the next %%mpi starts it again, of this size
         try:
             _timed_start(world.start)
@@ -347,8 +346,7 @@ class MPIMagics(Magics):
             raise UsageError("no MPI world to restart: %mpi start -n N starts one")
         died = self.world.state is State.DEAD
         world = self.world
-        world.kept_state.enabled, world.kept_state.limit = self.snapshots, self.snapshot_limit
-        world.kept_state.lag = self.snapshot_lag
+        world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
         _timed_start(lambda: world.restart(size=n))
         self.history = History()
         if not died:
