@@ -89,6 +89,22 @@ def test_a_rank_killed_on_another_host_fails_the_cell_naming_it_and_its_host(hos
     assert "Timeout" not in text  # noticed as it happened, not at the cell's time limit
 
 
+def test_a_restart_after_a_rank_died_on_another_host_puts_every_ranks_variables_back(hosts):
+    result = drive(hosts, [
+        ["line", "start -n 4"],
+        ["cell", "", "import socket, numpy as np\nkept = np.arange(3.0) + rank\nwhere = socket.gethostname()"],
+        ["cell", "", "import os\nif rank == 3:\n    os.kill(os.getpid(), 9)\ncomm.Barrier()"],
+        ["line", "restart"],
+        ["cell", "", "print(kept.tolist(), where == socket.gethostname())"],
+    ], snapshot_lag=0.0)  # each cell waits for the snapshot of the one before: the kill loses nothing
+    start, made, killed, restart, check = result["steps"]
+    assert start["raised"] is None and made["raised"] is None, (start, made)
+    assert killed["raised"][0] == "RankError", killed
+    assert restart["raised"] is None and "restored every rank's variables" in restart["stdout"], restart
+    assert sorted(check["stdout"].splitlines()) == [f"[rank {r}] [{r}.0, {r + 1}.0, {r + 2}.0] True"
+                                                    for r in range(4)], check["stdout"]
+
+
 def test_open_mpi_runs_across_hosts_and_names_how_a_remote_rank_died(hosts):
     """Open MPI passes to other hosts only the variables named with -x: the engines' connection to the
     controller ($IPP_CONNECTION_INFO) among them (without it no rank registered). Its launcher names the rank
