@@ -101,6 +101,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/ddp_step.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/mpis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/trace.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/snapshots.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/static.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/gather.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/hosts.py --markdown benchmarks/RESULTS.md
