@@ -288,16 +288,22 @@ class Hosts:
 
     # -- using ------------------------------------------------------------------------------------------------
 
-    def command(self, i, cmd):
-        """The argv that runs ``cmd`` (an argv list, or a shell string) on host i, in its namespaces."""
+    def command(self, i, cmd, *, sysfs=False):
+        """The argv that runs ``cmd`` (an argv list, or a shell string) on host i, in its namespaces. With
+        *sysfs*, the machine's ``/sys`` stays in view: ``ip netns exec`` mounts a ``/sys`` of the namespace's own,
+        without the cgroup hierarchy a daemon such as slurmd needs; the host's names file is mounted as it does."""
         argv = ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        uts = ["nsenter", "-t", str(self._holders[i].pid), "--uts"]
+        if sysfs:
+            hosts = NETNS_ETC / self.namespaces[i] / "hosts"
+            return [*uts, f"--net={NETNS_RUN / self.namespaces[i]}", "unshare", "--mount", "sh", "-c",
+                    f'mount --bind {shlex.quote(str(hosts))} /etc/hosts && exec "$@"', "sh", *argv]
         # ip netns exec: network namespace + /etc/netns/<ns>/hosts over /etc/hosts; nsenter: the hostname
-        return ["ip", "netns", "exec", self.namespaces[i], "nsenter", "-t", str(self._holders[i].pid), "--uts",
-                *argv]
+        return ["ip", "netns", "exec", self.namespaces[i], *uts, *argv]
 
-    def run(self, i, cmd, **popen_kwargs):
+    def run(self, i, cmd, *, sysfs=False, **popen_kwargs):
         """Start ``cmd`` (argv list or shell string) on host i; the Popen (its pid is the command's own)."""
-        return self._popen(self.command(i, cmd), **popen_kwargs)
+        return self._popen(self.command(i, cmd, sysfs=sysfs), **popen_kwargs)
 
     def output(self, i, cmd, *, timeout=60, check=False, **kwargs):
         """Run ``cmd`` on host i to the end; CompletedProcess with text stdout and stderr."""

@@ -189,3 +189,166 @@ def _user():
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+NODES_CONF = """\
+ClusterName=mpinb-nodes
+SlurmctldHost={controller}({controller_address})
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser={user}
+SlurmdUser={user}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge/munge.sock
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={root}/run/slurmd-%n.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmdTimeout=10
+MessageTimeout=5
+MailProg=/bin/true
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
+{nodes}
+PartitionName=nodes Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class SlurmNodes:
+    """Slurm across test hosts (``tests/hosts.py``): ``slurmctld`` on host *controller*, a ``slurmd`` on each host
+    of *nodes* (named as the host, reached at its address), one partition ``nodes`` of them, *cpus* CPUs each.
+
+    The hosts share this machine's filesystem, so one ``munged`` serves them all through its socket in the
+    cluster's folder, and one ``slurm.conf`` is read by every daemon and client. Started and stopped by pid, as
+    :class:`SlurmCluster`; client commands run on the controller's host (``command``)."""
+
+    def __init__(self, hosts, *, controller=0, nodes=(1, 2), cpus=2):
+        self.hosts, self.controller, self.nodes, self.cpus = hosts, controller, list(nodes), cpus
+        self.root = Path(tempfile.mkdtemp(prefix="mpinb-slurm-nodes-"))
+        self.root.chmod(0o755)
+        self.conf = self.root / "slurm.conf"
+        self.env = {"SLURM_CONF": str(self.conf)}
+        self.processes = {}
+        self.names = [hosts.names[i] for i in self.nodes]
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self, timeout=90):
+        install()
+        for sub in ("munge", "state", "log", "run", *(f"spool/{name}" for name in self.names)):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        (self.root / "munge").chmod(0o755)
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        hosts = self.hosts
+        nodes = "\n".join(f"NodeName={hosts.names[i]} NodeAddr={hosts.addresses[i]} CPUs={self.cpus} State=UNKNOWN"
+                          for i in self.nodes)
+        self.conf.write_text(NODES_CONF.format(
+            controller=hosts.names[self.controller], controller_address=hosts.addresses[self.controller],
+            root=self.root, ctld_port=_free_port(), slurmd_port=_free_port(), user=_user(), nodes=nodes,
+            node_list=",".join(self.names)))
+        munge = self.root / "munge"
+        try:
+            self._daemon("munged", None, "-F", f"--key-file={key}", f"--socket={munge}/munge.sock",
+                         f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+                         f"--seed-file={munge}/munged.seed")
+            _wait(lambda: (munge / "munge.sock").exists(), timeout, "munged to open its socket", self.root)
+            self._daemon("slurmctld", self.controller, "-D", "-i", "-f", str(self.conf))
+            for i in self.nodes:
+                self._daemon(f"slurmd-{hosts.names[i]}", i, "-D", "-N", hosts.names[i], "-f", str(self.conf))
+            _wait(self._nodes_idle, timeout, "every node to become idle", self.root)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def command(self, *args, timeout=30):
+        """Run a Slurm client command on the controller's host; its stdout."""
+        done = self.hosts.output(self.controller, [which(args[0]) or args[0], *args[1:]], timeout=timeout,
+                                 env={**os.environ, **self.env})
+        return done.stdout
+
+    def squeue(self):
+        lines = self.command("squeue", "-h", "-o", "%i|%j|%T").splitlines()
+        return [tuple(line.split("|")) for line in lines if line.strip()]
+
+    def node_states(self):
+        """``{node: state}`` as ``sinfo`` says (``idle``, ``alloc``, ``down*``...)."""
+        lines = self.command("sinfo", "-h", "-N", "-o", "%N|%t").splitlines()
+        return dict(line.split("|") for line in lines if "|" in line)
+
+    def kill_slurmd(self, name):
+        """Kill node *name*'s slurmd (SIGKILL), as a node that crashes."""
+        self.processes[f"slurmd-{name}"].kill()
+
+    def stop(self):
+        if "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:
+            jobs = [job for job, *_ in self.squeue()]
+            if jobs:
+                self.command("scancel", *jobs)
+            _wait(lambda: not self.squeue(), 30, "the queue to empty", self.root, fail=False)
+        for name in sorted(self.processes, key=lambda name: ("slurmd" not in name, name == "munged")):
+            daemon = self.processes.pop(name)
+            if daemon.poll() is not None:
+                continue
+            daemon.terminate()
+            try:
+                daemon.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def daemon_pids(self):
+        return [daemon.pid for daemon in self.processes.values()]
+
+    def _daemon(self, name, host, *args):
+        path = which(name.split("-")[0])
+        log = open(self.root / "log" / f"{name}.stdout", "wb")
+        env = {**os.environ, **self.env}
+        with log:
+            argv = [path, *args]
+            if host is None:
+                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           env=env)
+            else:
+                process = self.hosts.run(host, argv, sysfs=True, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env)
+            self.processes[name] = process
+
+    def _nodes_idle(self):
+        for name, daemon in self.processes.items():
+            if daemon.poll() is not None:
+                log = (self.root / "log" / f"{name}.stdout").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited ({daemon.returncode}) while Slurm started:\n{log}")
+        states = self.node_states()
+        return sorted(states) == sorted(self.names) and set(states.values()) == {"idle"}
+
+
+def _wait(ready, timeout, what, root, fail=True):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            if fail:
+                raise TimeoutError(f"waited {timeout} s for {what}; logs in {root / 'log'}")
+            return False
+        time.sleep(0.2)
+    return True
