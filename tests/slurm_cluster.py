@@ -318,7 +318,17 @@ class SlurmNodes:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def daemon_pids(self):
-        return [daemon.pid for daemon in self.processes.values()]
+        """The daemons' pids, and slurmctld's own helpers (slurmscriptd); not what slurmd starts for jobs."""
+        import psutil
+
+        pids = [daemon.pid for daemon in self.processes.values()]
+        controller = self.processes.get("slurmctld")
+        if controller is not None and controller.poll() is None:
+            try:
+                pids += [child.pid for child in psutil.Process(controller.pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        return pids
 
     def _daemon(self, name, host, *args):
         path = which(name.split("-")[0])

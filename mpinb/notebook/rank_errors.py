@@ -103,12 +103,24 @@ def check_deaths(world, ranks, replies, result, code):
             tail = "\n".join(last_stderr(world, rank, result.stderr.get(rank, "")).splitlines()[-5:])
             if tail:
                 message += f"; its last stderr lines:\n{tail}"
+        elif _same_lost_host(death, deaths.get(result.first_death)):
+            message = (f"rank {rank} died: its engine on {death.host} stopped answering ipyparallel's heartbeats "
+                       f"too, as rank {result.first_death}'s there did (the host cannot be reached, or its "
+                       "processes ended)")
         elif death.returncode in (-signal.SIGKILL, None):
             cause = "called MPI_Abort" if deaths.get(result.first_death, death).abort else "died"
             message = f"rank {rank} was ended by mpiexec after rank {result.first_death} {cause}"
         else:
             message = f"rank {rank} died: {death.describe()} (after rank {result.first_death})"
         replies[rank] = CellReply(error=lost(message, frames))
+
+
+def _same_lost_host(death, first):
+    """Whether *death* is of a rank whose host went silent as the first dead rank's did (a node cut off, or
+    down): both known only from missed heartbeats, on the same host."""
+    return (first is not None and death.host is not None and death.host == first.host and
+            death.returncode is None and death.reported is None and first.returncode is None and
+            first.reported is None and not death.abort)
 
 
 def why_stuck(recovery):
