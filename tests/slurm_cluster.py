@@ -298,6 +298,14 @@ class SlurmNodes:
     def kill_slurmd(self, name):
         """Kill node *name*'s slurmd (SIGKILL), as a node that crashes."""
         self.processes[f"slurmd-{name}"].kill()
+        self.processes[f"slurmd-{name}"].wait(timeout=10)
+
+    def restart_slurmd(self, name, timeout=90):
+        """Start node *name*'s slurmd again (when it is not running) and wait until every node is idle."""
+        daemon = self.processes.get(f"slurmd-{name}")
+        if daemon is None or daemon.poll() is not None:
+            self._daemon(f"slurmd-{name}", self.hosts.names.index(name), "-D", "-N", name, "-f", str(self.conf))
+        _wait(self._nodes_idle, timeout, "every node to become idle again", self.root)
 
     def stop(self):
         if "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:

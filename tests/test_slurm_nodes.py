@@ -8,6 +8,7 @@ no process of the world on any host."""
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,33 @@ def test_a_node_cut_off_mid_cell_is_named_with_its_ranks_and_the_notebook_goes_o
     assert f"rank 3 died: its engine on {h2} stopped answering ipyparallel's heartbeats too" in text or \
         f"rank 2 died: its engine on {h2} stopped answering ipyparallel's heartbeats too" in text, text
     assert status["raised"] is None, status
+
+
+def test_a_node_whose_slurmd_dies_mid_cell_is_named_with_its_ranks_and_what_slurm_says(cluster):
+    """slurmd on h2 is killed while the cell runs: Slurm marks the node down and ends the job; the cell fails
+    naming h2, both its ranks, and what Slurm says of the node."""
+    hosts, slurm = cluster
+    mark = slurm.root / "running"
+    code = f"import time\nopen({str(mark)!r}, 'w').close()\ncomm.Barrier()\ntime.sleep(120)"
+
+    def kill_when_running():
+        wait_for(mark.exists, "the cell running", 120)
+        slurm.kill_slurmd(hosts.names[2])
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    try:
+        result = drive(cluster, [["line", "start -n 4"], ["cell", "--timeout 150", code], ["line", "status"]],
+                       leftovers=False)
+    finally:
+        killer.join(timeout=5)
+        slurm.restart_slurmd(hosts.names[2])
+    start, cut, status = result["steps"]
+    assert start["raised"] is None, start
+    name, text = cut["raised"]
+    h2 = hosts.names[2]
+    assert name == "RankError" and "Timeout" not in text, text
+    assert f"its engine on {h2} stopped answering ipyparallel's heartbeats" in text, text
+    assert f"Slurm says the slurmd of node {h2} does not respond" in text, text
+    assert "stopped answering ipyparallel's heartbeats too" in text, text
+    assert "dead" in status["stdout"], status

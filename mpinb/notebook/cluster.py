@@ -317,6 +317,11 @@ class World:
         self.engines = {}
         _live_worlds.discard(self)
 
+    def scheduler_note(self, host):
+        """What the batch system says of *host* when it is not well (a Slurm node down or not responding), or
+        ``""``."""
+        return self.job.node_note(host) if self.job is not None and host else ""
+
     def keep_state(self, enabled, *, limit=None, lag=None):
         """Whether the ranks of the next start snapshot their variables (for a restart after a death), and how
         (``KeptState``)."""

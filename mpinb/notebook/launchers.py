@@ -216,6 +216,25 @@ class SlurmJob:
         state, _, where = line.partition("|")
         return state, where
 
+    def node_note(self, node):
+        """What Slurm says of *node* when it is not well (``"Slurm has node h2 down: Not responding"``), else
+        ``""``: ``sinfo``'s state (``*``: its slurmd does not respond) and the reason an administrator or
+        slurmctld gave."""
+        try:
+            done = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t|%E"], capture_output=True, text=True,
+                                  timeout=5, start_new_session=True)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        state, _, reason = done.stdout.strip().partition("|")
+        if done.returncode != 0 or not state:
+            return ""
+        reason = "" if reason.strip() in ("", "none") else f": {reason.strip()}"
+        if state.endswith("*"):
+            return f"Slurm says the slurmd of node {node} does not respond (state {state}){reason}"
+        if state.startswith(("down", "drain", "fail")):
+            return f"Slurm has node {node} {state}{reason}"
+        return ""
+
     def nodes(self, nodelist):
         """The hosts of a Slurm *nodelist* (``node[01-03]``), expanded (``scontrol show hostnames``)."""
         done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30,

@@ -93,6 +93,9 @@ def check_deaths(world, ranks, replies, result, code):
         if result.first_death is None:
             result.first_death = rank
             message = f"rank {rank} died: {death.describe()}"
+            note = world.scheduler_note(death.host) if death.host is not None and death.returncode is None else ""
+            if note:
+                message += f"; {note}"
             if death.abort:
                 message = (f"rank {rank} {death.abort}, so mpiexec ended every rank of the job "
                            f"(error code {death.abort_code})")
