@@ -7,6 +7,7 @@ no process of the world on any host."""
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -126,3 +127,41 @@ def test_a_node_whose_slurmd_dies_mid_cell_is_named_with_its_ranks_and_what_slur
     assert f"Slurm says the slurmd of node {h2} does not respond" in text, text
     assert "stopped answering ipyparallel's heartbeats too" in text, text
     assert "dead" in status["stdout"], status
+
+
+def test_srun_starts_the_ranks_on_both_nodes_through_slurms_pmi(cluster):
+    """srun --mpi=pmi2 in place of mpiexec: Slurm's PMI wires the world across the nodes, one task each."""
+    hosts, _ = cluster
+    result = drive(cluster, [
+        ["line", "start -n 4"],
+        ["cell", "", "import os, socket\n"
+                     "print(comm.allreduce(rank), os.environ['SLURM_PROCID'], socket.gethostname())"],
+    ], mpiexec="srun", mpiexec_args=["--mpi=pmi2"])
+    start, hello = result["steps"]
+    assert start["raised"] is None, start
+    h1, h2 = hosts.names[1], hosts.names[2]
+    assert sorted(hello["stdout"].splitlines()) == [f"[rank 0] 6 0 {h1}", f"[rank 1] 6 1 {h1}",
+                                                     f"[rank 2] 6 2 {h2}", f"[rank 3] 6 3 {h2}"], hello
+
+
+def test_an_exported_notebook_runs_across_both_nodes_as_a_slurm_job_with_the_same_loss(cluster, tmp_path):
+    """The training notebook's export (``mpinb export --sbatch``) submitted across the two nodes gives the loss
+    the same script gives under plain mpiexec here (which is the notebook's: ``test_export.py``)."""
+    from test_export import export, final_loss, training_notebook
+
+    from mpinb.notebook.mpis import default_mpiexec
+
+    hosts, slurm = cluster
+    notebook = training_notebook(tmp_path / "train.ipynb")
+    done = export(notebook, "-o", str(tmp_path / "train.py"), "--sbatch", str(tmp_path / "train.sbatch"))
+    assert done.returncode == 0, done.stderr
+    here = subprocess.run([default_mpiexec(), "-n", "2", sys.executable, "train.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert here.returncode == 0, here.stderr
+    job = slurm.command("sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", f"--chdir={tmp_path}",
+                        str(tmp_path / "train.sbatch")).strip()
+    assert job.isdigit(), job
+    wait_for(lambda: not slurm.squeue(), "the exported job to end", 180)
+    output = (tmp_path / f"train-{job}.out").read_text()
+    assert final_loss(output) == final_loss(here.stdout), output
+    assert "rank 1 of 2 says goodbye" in output

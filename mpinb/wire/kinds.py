@@ -230,7 +230,7 @@ class Input(NamedTuple):
 
 class DebugStopped(NamedTuple):
     """The rank stopped in the visual debugger, for *reason* (``breakpoint``, ``step``, ``exception``), and waits
-    for :class:`DebugCommand`\ s; *text* says more (the exception)."""
+    for requests (:class:`DebugCommand`); *text* says more (the exception)."""
 
     rank: int
     cell_id: int
