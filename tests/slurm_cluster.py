@@ -305,7 +305,14 @@ class SlurmNodes:
         daemon = self.processes.get(f"slurmd-{name}")
         if daemon is None or daemon.poll() is not None:
             self._daemon(f"slurmd-{name}", self.hosts.names.index(name), "-D", "-N", name, "-f", str(self.conf))
-        _wait(self._nodes_idle, timeout, "every node to become idle again", self.root)
+
+        def idle():
+            if self.node_states().get(name, "").startswith("down") and not self.node_states()[name].endswith("*"):
+                self.command("scontrol", "update", f"NodeName={name}", "State=RESUME")  # as an administrator would
+            return self._nodes_idle()
+
+        _wait(idle, timeout, f"every node to become idle again (they were {self.node_states()}, the queue "
+              f"{self.squeue()})", self.root)
 
     def stop(self):
         if "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:

@@ -120,6 +120,7 @@ class World:
         self.mpiexec_args = list(mpiexec_args)
         self.ip = ip
         self.job = None  # the SlurmJob the ranks run in (Slurm launcher)
+        self._lost_hosts = (None, set(), {})  # when Slurm was last asked, about which hosts, which it said lost
         self.heartbeat_choice = heartbeat_ms  # None: heartbeat_period(size) at each start
         self.start_timeout = float(start_timeout)
         self.progress = progress
@@ -317,10 +318,17 @@ class World:
         self.engines = {}
         _live_worlds.discard(self)
 
-    def scheduler_note(self, host):
-        """What the batch system says of *host* when it is not well (a Slurm node down or not responding), or
-        ``""``."""
-        return self.job.node_note(host) if self.job is not None and host else ""
+    def lost_hosts(self, hosts, *, within=2.0):
+        """``{host: what the batch system says}`` for those of *hosts* it says are lost (a Slurm node down, or
+        whose slurmd does not respond); asked at most every *within* seconds. Empty outside a Slurm job."""
+        if self.job is None or not hosts:
+            return {}
+        now = time.monotonic()
+        when, asked, lost = self._lost_hosts
+        if when is None or now - when >= within or not asked.issuperset(hosts):
+            lost = self.job.lost_nodes(sorted(set(hosts)))
+            self._lost_hosts = (now, set(hosts), lost)
+        return {host: note for host, note in lost.items() if host in hosts}
 
     def keep_state(self, enabled, *, limit=None, lag=None):
         """Whether the ranks of the next start snapshot their variables (for a restart after a death), and how

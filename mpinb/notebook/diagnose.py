@@ -203,6 +203,7 @@ class Death:
     aborted_by: tuple = None  # (rank, "called MPI_Abort(...)") of the rank whose MPI_Abort ended the job
     host: str = None  # the other host it ran on, when it did: its end is known from ipyparallel's heartbeats
     reported: int = None  # how mpiexec reported its end, when it ran on another host (negative: that signal)
+    node_lost: str = ""  # what the batch system says of its node, when it says the node is lost
 
     def describe(self):
         if self.abort:
@@ -211,6 +212,8 @@ class Death:
             return f"its process on {self.host} was ended by {_signal_text(-self.reported)} (mpiexec reported it)"
         if self.reported is not None:
             return f"its process on {self.host} ended (mpiexec reported exit code {self.reported} on that host)"
+        if self.node_lost:
+            return f"its node {self.host} was lost: {self.node_lost}"
         if self.host is not None and self.returncode is None:
             return (f"its engine on {self.host} stopped answering ipyparallel's heartbeats (the process ended, or "
                     "the host cannot be reached)")
@@ -295,6 +298,9 @@ def _death(world, rank, output=""):
         reported = _reported(rank, host, output)
         if reported is not None:
             return Death(rank, host=who.get("host"), reported=reported, when=0.0 if when is None else when)
+        lost = world.lost_hosts([host]).get(host, "") if host else ""
+        if lost:
+            return Death(rank, host=host, node_lost=lost, when=when)
         codes = [int(code) for named, code in _BAD_TERMINATION.findall(output) if named == host]
         return Death(rank, host=who.get("host"), reported=codes[0] if codes and when == 0.0 else None, when=when)
     pid = world.identities.get(rank, {}).get("pid")

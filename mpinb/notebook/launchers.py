@@ -216,24 +216,24 @@ class SlurmJob:
         state, _, where = line.partition("|")
         return state, where
 
-    def node_note(self, node):
-        """What Slurm says of *node* when it is not well (``"Slurm has node h2 down: Not responding"``), else
-        ``""``: ``sinfo``'s state (``*``: its slurmd does not respond) and the reason an administrator or
-        slurmctld gave."""
+    def lost_nodes(self, nodes):
+        """``{node: what Slurm says}`` for those of *nodes* Slurm has down, failing, or whose slurmd does not
+        respond (``sinfo``'s state ends in ``*``), with the reason slurmctld or an administrator gave."""
         try:
-            done = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t|%E"], capture_output=True, text=True,
-                                  timeout=5, start_new_session=True)
+            done = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%t|%E"],
+                                  capture_output=True, text=True, timeout=5, start_new_session=True)
         except (OSError, subprocess.TimeoutExpired):
-            return ""
-        state, _, reason = done.stdout.strip().partition("|")
-        if done.returncode != 0 or not state:
-            return ""
-        reason = "" if reason.strip() in ("", "none") else f": {reason.strip()}"
-        if state.endswith("*"):
-            return f"Slurm says the slurmd of node {node} does not respond (state {state}){reason}"
-        if state.startswith(("down", "drain", "fail")):
-            return f"Slurm has node {node} {state}{reason}"
-        return ""
+            return {}
+        lost = {}
+        for line in done.stdout.splitlines() if done.returncode == 0 else ():
+            node, _, rest = line.partition("|")
+            state, _, reason = rest.partition("|")
+            reason = "" if reason.strip() in ("", "none") else f": {reason.strip()}"
+            if state.endswith("*"):
+                lost[node] = f"Slurm says the slurmd of node {node} does not respond (state {state}){reason}"
+            elif state.startswith(("down", "drain", "fail")):
+                lost[node] = f"Slurm has node {node} {state}{reason}"
+        return lost
 
     def nodes(self, nodelist):
         """The hosts of a Slurm *nodelist* (``node[01-03]``), expanded (``scontrol show hostnames``)."""

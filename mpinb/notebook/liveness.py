@@ -60,6 +60,11 @@ class Liveness:
             return []
         registered = set(world.client.ids)  # reads the hub's unregistration notices first
         gone = [rank for rank in remote if world.engines[rank] not in registered]
+        # a node Slurm says is lost (its slurmd silent, the node down): its ranks may go on answering heartbeats
+        # for long, cut off from the rest of the job, which Slurm ends; they are lost now
+        hosts = {rank: world.identities.get(rank, {}).get("host") for rank in remote}
+        lost = world.lost_hosts(sorted({host for host in hosts.values() if host}))
+        gone += [rank for rank in remote if hosts[rank] in lost and rank not in gone]
         # Open MPI ends the whole job as soon as one rank dies, the engines' nannies with it: the hub
         # would hear of it only when the heartbeats stop, but the local mpiexec has exited by then
         return remote if len(gone) < len(remote) and world.launcher_ended() else gone

@@ -93,9 +93,6 @@ def check_deaths(world, ranks, replies, result, code):
         if result.first_death is None:
             result.first_death = rank
             message = f"rank {rank} died: {death.describe()}"
-            note = world.scheduler_note(death.host) if death.host is not None and death.returncode is None else ""
-            if note:
-                message += f"; {note}"
             if death.abort:
                 message = (f"rank {rank} {death.abort}, so mpiexec ended every rank of the job "
                            f"(error code {death.abort_code})")
@@ -107,7 +104,9 @@ def check_deaths(world, ranks, replies, result, code):
             if tail:
                 message += f"; its last stderr lines:\n{tail}"
         elif _same_lost_host(death, deaths.get(result.first_death)):
-            message = (f"rank {rank} died: its engine on {death.host} stopped answering ipyparallel's heartbeats "
+            message = (f"rank {rank} died: its node {death.host} was lost too, as rank {result.first_death}'s" if
+                       death.node_lost else
+                       f"rank {rank} died: its engine on {death.host} stopped answering ipyparallel's heartbeats "
                        f"too, as rank {result.first_death}'s there did (the host cannot be reached, or its "
                        "processes ended)")
         elif death.returncode in (-signal.SIGKILL, None):
