@@ -96,6 +96,7 @@ docs: $(STAMP) chromium
 bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/bench.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/slurm_start.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/slurm_nodes.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/healthy.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/ddp_step.py --markdown benchmarks/RESULTS.md

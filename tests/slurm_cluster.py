@@ -218,8 +218,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
-SlurmdTimeout=10
-MessageTimeout=5
+SlurmdTimeout=6
+MessageTimeout=2
 MailProg=/bin/true
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 {nodes}
