@@ -215,3 +215,20 @@ def test_switching_the_panel_off_lets_every_rank_go_on(dap):
     assert dap.request("disconnect", restart=False, terminateDebuggee=False)["success"]
     assert dap.wait(msg_id, 120), "a rank stayed stopped after the debugger was switched off"
     assert text(dap, msg_id).count("loop done 2") == 2, text(dap, msg_id)
+
+
+def test_mpinbs_own_threads_in_the_kernel_never_stop_its_debugger():
+    """mpinb's warm-up thread imports matplotlib, and numpy raises and handles exceptions as it loads: with the
+    panel's exception filters on, the kernel's debugpy stopped the whole kernel there (seen in a full run)."""
+    with kernel() as session:
+        client = DebugClient(session.client)
+        try:
+            client.start()
+            assert client.request("setExceptionBreakpoints", filters=["raised", "uncaught"])["success"]
+            msg_id = client.execute("import mpinb.widgets.views as views\nviews.warm_up()\n"
+                                    "import time\nwhile not __import__('sys').modules.get('matplotlib.figure'):\n"
+                                    "    time.sleep(0.05)\nprint('loaded')")
+            assert client.event("stopped", timeout=10) is None
+            assert client.wait(msg_id, 60) and "loaded" in text(client, msg_id)
+        finally:
+            client.close()

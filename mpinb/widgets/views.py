@@ -90,7 +90,11 @@ def warm_up():
         import matplotlib.backends.backend_agg  # noqa: F401
         import matplotlib.figure  # noqa: F401
 
-    threading.Thread(target=load, name="mpinb-warm-up", daemon=True).start()
+    thread = threading.Thread(target=load, name="mpinb-warm-up", daemon=True)
+    # the kernel's debugger (debugpy) does not trace a thread marked so, as ipykernel marks its own: with the
+    # panel's exception filters on, it stopped in numpy where matplotlib's import raises and handles a TypeError
+    thread.pydev_do_not_trace = thread.is_pydev_daemon_thread = True
+    thread.start()
 
 
 def seal_all(*args):
