@@ -269,6 +269,8 @@ class Stop:
         return {"name": str(name), "value": _text(value), "type": type(value).__name__,
                 "evaluateName": str(name), "variablesReference": self._reference(value) if expandable else 0}
 
+    # evaluate and richInspectVariables run what the user typed in the panel's console or asked to see, in the
+    # stopped frame, as pdb's ``p`` does: that is what they are for, on the user's own rank
     def on_evaluate(self, arguments):
         frame = self._lookup(arguments["frameId"]) if arguments.get("frameId") else self.frames[0][0]
         expression = arguments["expression"]
