@@ -12,6 +12,7 @@ when the world is stopped, and keeps it when a world that died is started again.
 """
 
 import io
+import math
 import os
 import pickle
 import threading
@@ -144,7 +145,9 @@ class Snapshots:
         self.limit = int(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT))
         self.idle = float(os.environ.get(IDLE_ENV, IDLE))
         self.lag = float(os.environ.get(LAG_ENV, LAG))
-        self.taken_at = time.monotonic()  # when the last snapshot was taken (or the rank started)
+        # when the last snapshot was taken: never yet, so the first cell that comes before one is taken waits for
+        # it (a notebook run top to bottom by nbclient or papermill, a cell at once after the other, keeps state)
+        self.taken_at = -math.inf
         self.last = None  # what the last snapshot said: (cell, kept, not kept, bytes written, seconds)
         self.refused = {}  # name -> (id of the value, why): a value that would not pickle, not tried again
         self.pickler = None
