@@ -7,9 +7,12 @@ no process of the world on any host."""
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,21 +30,40 @@ def cluster():
         yield hosts, slurm
 
 
-def drive(cluster, steps, *, timeout=300, leftovers=True, **setup):
-    """Run *steps* on h0 against a world started through Slurm on both nodes; the parsed result."""
+def notebook(cluster, steps, **setup):
+    """The command that runs the notebook's side on h0 with *steps*, its world started through Slurm on both nodes;
+    the environment it needs."""
     hosts, slurm = cluster
     config = {"setup": {"launcher": "slurm", "ip": hosts.addresses[0], "scheduler_args": ["--nodes=2"], **setup},
               "steps": steps}
-    done = hosts.output(0, [sys.executable, str(DRIVER), json.dumps(config)], timeout=timeout,
-                        env={**os.environ, **slurm.env, **hosts.mpi_env})
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"the notebook's side printed no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    if leftovers:
-        wait_for(lambda: not slurm.squeue(), "the job to leave the queue", 60)
-        for i in range(hosts.n):
-            left = [pid for pid in hosts.pids_on(i) if pid not in slurm.daemon_pids()]
-            assert left == [], f"processes left on {hosts.names[i]}: {left}"
+    return [sys.executable, str(DRIVER), json.dumps(config)], {**os.environ, **slurm.env, **hosts.mpi_env}
+
+
+def parsed(stdout, stderr):
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"the notebook's side printed no result:\n{stdout[-3000:]}\n{stderr[-3000:]}"
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def no_leftovers(cluster):
+    """The queue empty, and no process on any host but Slurm's own daemons."""
+    hosts, slurm = cluster
+    wait_for(lambda: not slurm.squeue(), "the job to leave the queue", 60)
+    for i in range(hosts.n):
+        left = [pid for pid in hosts.pids_on(i) if pid not in slurm.daemon_pids()]
+        assert left == [], f"processes left on {hosts.names[i]}: {left}"
+
+
+def drive(cluster, steps, *, timeout=300, leftovers=True, stdin=None, **setup):
+    """Run *steps* on h0 against a world started through Slurm on both nodes (*stdin*: what the user types at
+    prompts); the parsed result."""
+    hosts, _ = cluster
+    command, env = notebook(cluster, steps, **setup)
+    done = hosts.output(0, command, timeout=timeout, env=env, input=stdin)
+    result = parsed(done.stdout, done.stderr)
+    if leftovers:
+        no_leftovers(cluster)
+    return result
 
 
 def test_a_world_spans_two_slurm_nodes_and_every_feature_works_there(cluster):
@@ -51,6 +73,7 @@ def test_a_world_spans_two_slurm_nodes_and_every_feature_works_there(cluster):
         ["line", "start -n 4"],
         ["cell", "", "import socket\nprint(socket.gethostname())"],
         ["cell", "", "if rank == 3:\n    raise ValueError(f'bad batch on {socket.gethostname()}')\ncomm.Barrier()"],
+        ["line", "debug 3"],
         ["cell", "--gather x", "import numpy as np\nx = np.arange(1 << 18, dtype=np.float64) * (rank + 1)"],
         ["eval", "[bool((x[r] == __import__('numpy').arange(1 << 18) * (r + 1)).all()) for r in sorted(x)]"],
         ["cell", "", "import mpinb\nfor step in range(20):\n    mpinb.report(step=step, loss=1.0 / (step + 1))"],
@@ -59,12 +82,14 @@ def test_a_world_spans_two_slurm_nodes_and_every_feature_works_there(cluster):
         ["cell", "", "kept"],
         ["cell", "--trace", "for i in range(5):\n    comm.allreduce(i)"],
         ["line", "status"],
-    ])
-    start, hello, failing, gather, exact, report, _, timed_out, kept, traced, status = result["steps"]
+    ], stdin="p (rank, socket.gethostname())\nq\n")
+    start, hello, failing, post_mortem, gather, exact, report, _, timed_out, kept, traced, status = result["steps"]
     assert start["raised"] is None, start
     assert sorted(hello["stdout"].splitlines()) == [f"[rank 0] {h1}", f"[rank 1] {h1}", f"[rank 2] {h2}",
                                                      f"[rank 3] {h2}"], hello
     assert failing["raised"][0] == "RankError" and f"rank 3: ValueError: bad batch on {h2}" in failing["raised"][1]
+    # pdb on rank 3, on h2, in the frame that raised; its prompt answered here
+    assert post_mortem["raised"] is None and f"(3, '{h2}')" in post_mortem["stdout"], post_mortem
     assert gather["raised"] is None and exact["value"] == "[True, True, True, True]", (gather, exact)
     assert report["raised"] is None and result["history"] == 4 * 20
     name, text = timed_out["raised"]
@@ -128,6 +153,75 @@ def test_a_node_whose_slurmd_dies_mid_cell_is_named_with_its_ranks_and_what_slur
     assert f"its node {h2} was lost: Slurm says the slurmd of node {h2} does not respond" in text, text
     assert f"died: its node {h2} was lost too" in text, text
     assert "dead" in status["stdout"], status
+
+
+def test_a_job_near_its_time_limit_is_warned_ended_at_it_said_so_and_a_restart_puts_the_variables_back(cluster):
+    """A one-minute job (Slurm's shortest): the notebook says at 90% of it that the limit is near, while a cell
+    runs; at the limit (slurmctld acts on it within 30 s) the cell fails saying Slurm ended the job there, and
+    ``%mpi restart`` starts a new job with every rank's variables back."""
+    result = drive(cluster, [
+        ["line", "start -n 4"],
+        ["cell", "", "import numpy as np\nkept = np.arange(3.0) + rank"],
+        ["line", "status"],
+        ["cell", "--timeout 240", "import time\ntime.sleep(300)"],
+        ["line", "restart"],
+        ["cell", "", "print(kept.tolist())"],
+    ], time_limit="1", snapshot_lag=0.0)
+    start, made, status, limited, restart, check = result["steps"]
+    assert start["raised"] is None and made["raised"] is None, (start, made)
+    assert re.search(r"Slurm job \d+ \(time 1\), 0:[0-5]\d of 1:00 left", status["stdout"]), status
+    warned = re.search(r"\[mpinb\] Slurm job (\d+) reaches its time limit \(1:00\) in 0:0\d: Slurm will then end "
+                       r"every rank", limited["stderr"])
+    assert warned, limited
+    name, text = limited["raised"]
+    assert name == "RankError" and "Timeout" not in text, text
+    assert f"ranks 0-3: RankLost: Slurm ended job {warned.group(1)} at its time limit (1:00), and every rank " \
+           "with it" in text, text
+    assert restart["raised"] is None and "restored every rank's variables" in restart["stdout"], restart
+    assert sorted(check["stdout"].splitlines()) == [f"[rank {r}] [{r}.0, {r + 1}.0, {r + 2}.0]" for r in range(4)]
+
+
+def test_stop_cancels_a_start_queued_behind_another_job_and_interrupts_a_cell_on_both_nodes(cluster):
+    """A job holding node h2 keeps ours in the queue: the start says Slurm's reason while it waits, and Stop
+    cancels it, leaving the other job alone. Started again once the node is free, Stop while every rank runs
+    Python interrupts the ranks on both nodes and keeps the world."""
+    hosts, slurm = cluster
+    h2 = hosts.names[2]
+    blocker = slurm.command("sbatch", "--parsable", "-w", h2, "--exclusive", "--output=/dev/null",
+                            "--wrap", "sleep 300").strip()
+    mark = slurm.root / "looping"
+    mark.unlink(missing_ok=True)
+    loop = f"import time\nif rank == 3:\n    open({str(mark)!r}, 'w').close()\nwhile True:\n    time.sleep(0.05)"
+    steps = [["line", "start -n 4"], ["line", "start -n 4"], ["cell", "", "kept = rank * 10"], ["cell", "", loop],
+             ["cell", "", "comm.allreduce(kept)"]]
+    command, env = notebook(cluster, steps)
+    process = hosts.run(0, command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def ours_waits():
+            return [job for job, _, state in slurm.squeue() if job != blocker and state == "PENDING"]
+
+        wait_for(ours_waits, "the start's job waiting in the queue", 120)
+        time.sleep(1.5)  # long enough for the start to read why (it asks squeue every 0.5 s)
+        process.send_signal(signal.SIGINT)  # what the Stop button sends the kernel
+        wait_for(lambda: [job for job, *_ in slurm.squeue()] == [blocker], "the queued job cancelled", 60)
+        slurm.command("scancel", blocker)
+        wait_for(mark.exists, "the looping cell running", 180)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        process.kill()
+        slurm.command("scancel", blocker)
+    queued, start, _, looping, after = parsed(stdout, stderr)["steps"]
+    name, text = queued["raised"]
+    assert name == "StartInterrupted" and "no world is running" in text, queued
+    assert re.search(r"Slurm job \d+ pending \((Resources|Priority|Nodes required for job are DOWN[^)]*)\)",
+                     queued["stderr"]), queued
+    assert start["raised"] is None, start
+    name, text = looping["raised"]
+    assert name == "Interrupted" and "ranks 0-3: KeyboardInterrupt: interrupted" in text, looping
+    assert after["raised"] is None and after["value"] == {str(r): "60" for r in range(4)}, after
+    no_leftovers(cluster)
 
 
 def test_srun_starts_the_ranks_on_both_nodes_through_slurms_pmi(cluster):

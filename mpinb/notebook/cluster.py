@@ -18,9 +18,10 @@ from ..wire.channel import Channel
 from . import ipp, leftovers, mpis, status, stops
 from .gather import Receiver
 from .kept_state import KeptState
-from .launchers import Placement, SlurmJob
+from .launchers import Placement
 from .lifecycle import Lifecycle, State
 from .liveness import Liveness
+from .slurm_job import JobClock, SlurmJob
 from .reaper import alive, end_processes, remove_world_files, signal_all
 from .startup import PortTaken, Startup, heartbeat_period
 
@@ -120,6 +121,7 @@ class World:
         self.mpiexec_args = list(mpiexec_args)
         self.ip = ip
         self.job = None  # the SlurmJob the ranks run in (Slurm launcher)
+        self.clock = None  # its JobClock
         self._lost_hosts = (None, set(), {})  # when Slurm was last asked, about which hosts, which it said lost
         self.heartbeat_choice = heartbeat_ms  # None: heartbeat_period(size) at each start
         self.start_timeout = float(start_timeout)
@@ -216,6 +218,7 @@ class World:
         job_id = self.job_id()
         if self.placement.launcher == "slurm" and job_id:
             self.job = SlurmJob(job_id)
+            self.clock = JobClock(self.job)
         self._start_reaper(self.launched_processes())
 
     def connect_client(self):
@@ -298,7 +301,7 @@ class World:
                     stop()
                 except Exception as exc:  # noqa: BLE001 - a half-dead world must still be cleaned up
                     log.warning("stopping the cluster reported: %s", exc)
-        job, self.job = self.job, None
+        job, self.job, self.clock = self.job, None, None
         if job is not None and not job.wait_gone(timeout=60):
             log.warning("Slurm job %s is still in the queue (%s) a minute after scancel", job.job_id, job.state()[0])
         end_processes(processes, grace=5)
@@ -329,6 +332,14 @@ class World:
             lost = self.job.lost_nodes(sorted(set(hosts)))
             self._lost_hosts = (now, set(hosts), lost)
         return {host: note for host, note in lost.items() if host in hosts}
+
+    def time_warning(self):
+        """The warning that the batch job's time limit is near (:meth:`JobClock.warning`), once; else ``None``."""
+        return self.clock.warning() if self.clock is not None else None
+
+    def job_ended(self):
+        """What ended the batch job when Slurm ended it (its time limit, a preemption...); ``""`` otherwise."""
+        return self.job.ended() if self.job is not None else ""
 
     def keep_state(self, enabled, *, limit=None, lag=None):
         """Whether the ranks of the next start snapshot their variables (for a restart after a death), and how

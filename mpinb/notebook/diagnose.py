@@ -204,8 +204,11 @@ class Death:
     host: str = None  # the other host it ran on, when it did: its end is known from ipyparallel's heartbeats
     reported: int = None  # how mpiexec reported its end, when it ran on another host (negative: that signal)
     node_lost: str = ""  # what the batch system says of its node, when it says the node is lost
+    job_ended: str = ""  # what ended the batch job, when the batch system did (its time limit...)
 
     def describe(self):
+        if self.job_ended:
+            return self.job_ended
         if self.abort:
             return self.abort
         if self.reported is not None and self.reported < 0:
@@ -244,6 +247,9 @@ def death_report(world, dead, *, wait=1.0):
                 or time.monotonic() > deadline):
             break
         time.sleep(0.05)
+    ended = world.job_ended()  # the batch system ended the job (its time limit...): every rank died of that
+    for death in deaths.values():
+        death.job_ended = ended
     for rank, comm, code in aborts(output):
         call = f"called MPI_Abort({comm}, {code})"
         for death in deaths.values():  # who ended the job, even when MPI_Abort let its caller go on (it can)

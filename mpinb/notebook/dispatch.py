@@ -4,6 +4,7 @@ the magics' ``CellRunner.run`` (``running.py``) dispatches it here, it is in fli
 :class:`~mpinb.notebook.in_flight.InFlight`, and each rank executes it (``rank/runner.py``'s ``execute``)."""
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 
 from ..errors import GatherError, MPIError, RankError
@@ -113,6 +114,9 @@ def dispatch(world, code, *, ranks=None, options=None, **settings):
     settings.printer = settings.printer or RankPrinter()
     ranks = world.ranks if ranks is None else list(ranks)
     result = CellResult(ranks=ranks, stdout={r: "" for r in ranks}, stderr={r: "" for r in ranks})
+    warning = world.time_warning()
+    if warning:
+        print(f"[mpinb] {warning}", file=sys.stderr, flush=True)
     dead = world.dead_ranks_lately(ranks, within=settings.liveness_every)
     if dead:
         world.mark_dead()

@@ -232,6 +232,10 @@ class InFlight:
     def check_liveness(self, now):
         """Ranks that died: reported; once one did, the others cannot finish and are given up on."""
         result = self.result
+        warning = self.world.time_warning()
+        if warning:
+            self.printer.finish()
+            print(f"[mpinb] {warning}", file=sys.stderr, flush=True)
         check_deaths(self.world, self.ranks, self.replies, result, self.code)
         if result.first_death is not None and result.mismatch is None and self.watch is not None:
             result.mismatch = at_death(self.world, self.ranks)

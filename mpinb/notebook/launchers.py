@@ -10,7 +10,6 @@ import os
 import shlex
 import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 
 from ..errors import BadArguments
@@ -194,60 +193,3 @@ def _addresses():
     import psutil
 
     return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
-
-
-class SlurmJob:
-    """The state of a submitted Slurm job, read with ``squeue``."""
-
-    def __init__(self, job_id):
-        self.job_id = str(job_id)
-
-    def state(self):
-        """``(state, nodes or reason)``, e.g. ``("RUNNING", "vm")`` or ``("PENDING", "(Resources)")``;
-        ``(None, "")`` once the job has left the queue."""
-        try:
-            done = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T|%R"], capture_output=True,
-                                  text=True, timeout=30, start_new_session=True)
-        except (OSError, subprocess.TimeoutExpired):
-            return "UNKNOWN", ""
-        line = done.stdout.strip()
-        if done.returncode != 0 or not line:
-            return None, ""
-        state, _, where = line.partition("|")
-        return state, where
-
-    def lost_nodes(self, nodes):
-        """``{node: what Slurm says}`` for those of *nodes* Slurm has down, failing, or whose slurmd does not
-        respond (``sinfo``'s state ends in ``*``), with the reason slurmctld or an administrator gave."""
-        try:
-            done = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%t|%E"],
-                                  capture_output=True, text=True, timeout=5, start_new_session=True)
-        except (OSError, subprocess.TimeoutExpired):
-            return {}
-        lost = {}
-        for line in done.stdout.splitlines() if done.returncode == 0 else ():
-            node, _, rest = line.partition("|")
-            state, _, reason = rest.partition("|")
-            reason = "" if reason.strip() in ("", "none") else f": {reason.strip()}"
-            if state.endswith("*"):
-                lost[node] = f"Slurm says the slurmd of node {node} does not respond (state {state}){reason}"
-            elif state.startswith(("down", "drain", "fail")):
-                lost[node] = f"Slurm has node {node} {state}{reason}"
-        return lost
-
-    def nodes(self, nodelist):
-        """The hosts of a Slurm *nodelist* (``node[01-03]``), expanded (``scontrol show hostnames``)."""
-        done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30,
-                              start_new_session=True)
-        return done.stdout.split()
-
-    def wait_gone(self, timeout):
-        """Wait up to *timeout* s for the job to leave the queue; return whether it did."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        while self.state()[0] is not None:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        return True

@@ -20,6 +20,8 @@ def died_earlier(world, dead):
     (its exit code or signal, as its launcher recorded it), and which ended with it."""
     deaths = death_report(world, dead, wait=0.5)
     first = min(deaths.values(), key=lambda death: (death.when is None, death.when or 0.0, death.rank))
+    if first.job_ended:
+        return f"{first.job_ended} while no cell ran, and every rank with it, so the world cannot run cells: {RESTART}"
     text = f"rank {first.rank} of this world died while no cell ran ({first.describe()})"
     others = [rank for rank in dead if rank != first.rank]
     if others:
@@ -78,6 +80,12 @@ def check_deaths(world, ranks, replies, result, code):
     # ended with the job, and waiting for mpiexec's word on them only delays the cell
     later = result.first_death is not None and all(world.is_remote(rank) for rank in dead)
     deaths = death_report(world, dead, wait=0.0 if later else 2.0)
+    ended = next((death.job_ended for death in deaths.values() if death.job_ended), "")
+    if ended:  # the batch system ended the job: one cause, said once for every rank
+        result.first_death = min(dead) if result.first_death is None else result.first_death
+        for rank in dead:
+            replies[rank] = CellReply(error=lost(f"{ended}, and every rank with it; {RESTART}"))
+        return
     if result.first_death is None and all(d.returncode is None and not d.abort and d.host is None
                                           for d in deaths.values()):
         caller = next((d.aborted_by for d in deaths.values() if d.aborted_by), None)

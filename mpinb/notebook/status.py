@@ -44,6 +44,9 @@ def describe(world):
     where = world.placement.describe(job_id=world.job_id())
     if where:
         line += f" in {where}" if world.placement.batch else f" on {where}"
+    left = world.clock.describe() if world.clock is not None else ""
+    if left:
+        line += f", {left}"
     if not world.loopback:
         line += f"; controller on {world.ip}"
     hosts = world.hosts()
