@@ -220,6 +220,9 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 SlurmdTimeout=6
 MessageTimeout=2
+# between SIGTERM and SIGKILL when a job ends: longer than anything here waits for a job to leave the queue,
+# so a process that ignores SIGTERM is left behind and found (Slurm's default is 30 s)
+KillWait=120
 MailProg=/bin/true
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 {nodes}

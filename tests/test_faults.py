@@ -120,6 +120,36 @@ def test_a_crashed_rank_is_named_with_how_it_died(crash, how, ip, world_of, mpi)
     assert mpi("size") == {0: 3, 1: 3, 2: 3}
 
 
+def test_a_rank_told_to_end_while_busy_in_a_cell_ends_and_is_named(ip, world_of, mpi, tmp_path):
+    """SIGTERM, as a batch system sends every process of a job it ends (scancel, a time limit), to one rank's
+    process while the cell keeps it busy: ipyparallel's engine would end only once the cell did; the rank ends
+    now and the cell says how."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    world = world_of(3)
+    mark = tmp_path / "busy"
+    launcher = psutil.Process(world.identities[2]["pid"]).parent()  # what mpiexec started: rank/launch.py
+
+    def terminate_when_busy():
+        deadline = time.monotonic() + 60
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(launcher.pid, signal.SIGTERM)
+
+    sender = threading.Thread(target=terminate_when_busy, daemon=True)
+    sender.start()
+    error = failed(lambda: mpi(f"import time\nif rank == 2:\n    open({str(mark)!r}, 'w').close()\n"
+                               "time.sleep(60)"))
+    sender.join(timeout=5)
+    assert "rank 2: RankLost: rank 2 died: signal 15 (SIGTERM)" in str(error), error
+    ip.run_line_magic("mpi", "restart")
+    assert mpi("size") == {0: 3, 1: 3, 2: 3}
+
+
 def test_stop_button_interrupts_python_on_every_rank(world_of, mpi, capsys):
     world_of(2)
     mpi("kept = 7")

@@ -275,6 +275,9 @@ class World:
                 self._lifecycle.move(State.STOPPED)
 
     def _stop(self, kill):
+        # hosts of a batch job whose ranks all stopped answering heartbeats (cut off, or their node down): Slurm
+        # cannot end the job there until it gives up on them, which stop does not wait for
+        silent = self._silent_hosts() if self.job is not None else set()
         cluster, client, channel = self.cluster, self.client, self.channel
         self.cluster = self.client = self.channel = None
         if channel is not None:
@@ -302,8 +305,11 @@ class World:
                 except Exception as exc:  # noqa: BLE001 - a half-dead world must still be cleaned up
                     log.warning("stopping the cluster reported: %s", exc)
         job, self.job, self.clock = self.job, None, None
-        if job is not None and not job.wait_gone(timeout=60):
+        if job is not None and not job.wait_gone(timeout=60, unreachable=silent):
             log.warning("Slurm job %s is still in the queue (%s) a minute after scancel", job.job_id, job.state()[0])
+        elif silent and job.state()[0] is not None:
+            log.info("Slurm job %s leaves the queue once Slurm gives up on %s, which cannot be reached", job.job_id,
+                     ", ".join(sorted(silent)))
         end_processes(processes, grace=5)
         self._remove_shared_files()
         if self._reaper is not None:
@@ -332,6 +338,21 @@ class World:
             lost = self.job.lost_nodes(sorted(set(hosts)))
             self._lost_hosts = (now, set(hosts), lost)
         return {host: note for host, note in lost.items() if host in hosts}
+
+    def _silent_hosts(self):
+        """Hosts other than this one all of whose ranks ipyparallel's hub unregistered (their heartbeats stopped)."""
+        if self.client is None:
+            return set()
+        try:
+            registered = set(self.client.ids)
+        except Exception:  # noqa: BLE001 - a client half gone: nothing known, so stop waits as usual
+            return set()
+        ranks = {}
+        for rank in self.ranks:
+            if self.is_remote(rank):
+                ranks.setdefault(self.identities.get(rank, {}).get("host"), []).append(rank)
+        return {host for host, on in ranks.items()
+                if host and all(self.engines.get(rank) not in registered for rank in on)}
 
     def time_warning(self):
         """The warning that the batch job's time limit is near (:meth:`JobClock.warning`), once; else ``None``."""

@@ -111,14 +111,27 @@ class SlurmJob:
         """The hosts of a Slurm *nodelist* (``node[01-03]``), expanded (``scontrol show hostnames``)."""
         return (_run("scontrol", "show", "hostnames", nodelist) or "").split()
 
-    def wait_gone(self, timeout):
-        """Wait up to *timeout* s for the job to leave the queue; return whether it did."""
+    def wait_gone(self, timeout, *, unreachable=()):
+        """Wait up to *timeout* s for the job to leave the queue; whether it did, or waits only on nodes that
+        cannot end their part now: *unreachable* ones (the notebook heard nothing from their ranks), or those
+        still completing that Slurm has lost. Slurm ends the job once it gives up on them (``SlurmdTimeout``, then
+        ``KillWait``), srun on the other nodes waiting for them till then; nothing of the ranks runs there."""
         deadline = time.monotonic() + timeout
-        while self.state()[0] is not None:
+        asked = time.monotonic()
+        while True:
+            state, where = self.state()
+            if state is None:
+                return True
+            if state == "COMPLETING" and unreachable:
+                return True
+            if state == "COMPLETING" and time.monotonic() - asked > 1.0:
+                asked = time.monotonic()
+                nodes = self.nodes(where)  # those still completing
+                if nodes and set(nodes) <= set(self.lost_nodes(nodes)):
+                    return True
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.2)
-        return True
 
 
 class JobClock:

@@ -6,6 +6,11 @@ that died first and its exit code or signal would otherwise be lost. This parent
 the same way. The engine inherits everything MPI needs (environment and open descriptors) and dies with its
 parent (``PR_SET_PDEATHSIG``), so killing this process never leaves the engine behind.
 
+SIGINT, SIGTERM and SIGUSR2 are passed on to the engine. An engine busy in a cell never ends on SIGTERM
+(ipyparallel stops it on its event loop, which the cell holds), so it is killed ``TERM_GRACE`` seconds later:
+a batch system ending the job (``scancel``, a time limit) would otherwise wait its whole kill delay (Slurm's
+``KillWait``, 30 s by default) with the job's nodes held.
+
     python -m mpinb.rank.launch [ipengine arguments...]
 """
 
@@ -13,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from ..wire import files
@@ -27,12 +33,32 @@ def _die_with_parent():
         pass
 
 
+TERM_GRACE = 3.0  # seconds an engine gets to end after SIGTERM before it is killed
+
+
 def main(argv):
     child = subprocess.Popen([sys.executable, "-m", "ipyparallel.engine", *argv], close_fds=False,
                              preexec_fn=_die_with_parent)
-    for forwarded in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+
+    escalated = []
+
+    def kill_if_running():
+        if child.poll() is None:
+            escalated.append(True)
+            child.kill()
+
+    def terminate(number, frame):
+        child.send_signal(number)
+        timer = threading.Timer(TERM_GRACE, kill_if_running)
+        timer.daemon = True
+        timer.start()
+
+    for forwarded in (signal.SIGINT, signal.SIGUSR2):
         signal.signal(forwarded, lambda number, frame: child.send_signal(number))
+    signal.signal(signal.SIGTERM, terminate)
     code = child.wait()  # retried by Python when a forwarded signal interrupts it (PEP 475)
+    if escalated and code == -signal.SIGKILL:
+        code = -signal.SIGTERM  # what ended it: the SIGKILL only made it happen
     directory = os.environ.get("MPINB_STATUS_DIR")
     if files.private_directory(directory):  # the world's, on the notebook's host (not a name another user took)
         try:
