@@ -6,6 +6,7 @@ in /etc or /run is used: the munge key and socket, Slurm's state, spool, logs an
 cluster's directory, and every Slurm command finds the configuration through ``SLURM_CONF``.
 """
 
+import glob
 import os
 import shutil
 import socket
@@ -14,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-PACKAGES = ("slurm-wlm", "munge")
+PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")  # libpmix-dev: the libpmix.so Slurm's pmix plugin loads
+PMIX = "/usr/lib/*/pmix2/lib/libpmix.so"  # where Debian's libpmix-dev puts it
 SBIN = "/usr/sbin:/sbin"
 
 SLURM_CONF = """\
@@ -53,8 +55,8 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 
 
 def install():
-    """``apt-get install slurm-wlm munge`` when ``slurmctld`` or ``munged`` is missing."""
-    if all(which(daemon) for daemon in ("munged", "slurmctld", "slurmd", "sbatch")):
+    """``apt-get install slurm-wlm munge libpmix-dev`` when one of them is missing."""
+    if all(which(daemon) for daemon in ("munged", "slurmctld", "slurmd", "sbatch")) and glob.glob(PMIX):
         return
     sudo = [] if os.geteuid() == 0 else ["sudo"]
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -203,6 +205,8 @@ CredType=cred/munge
 AuthInfo=socket={root}/munge/munge.sock
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool/%n
+# the hosts share one filesystem: each node's own temporary folder (srun --mpi=pmix makes its PMIx folders there)
+TmpFS={root}/tmp/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
 SlurmdPidFile={root}/run/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
@@ -255,7 +259,8 @@ class SlurmNodes:
 
     def start(self, timeout=90):
         install()
-        for sub in ("munge", "state", "log", "run", *(f"spool/{name}" for name in self.names)):
+        for sub in ("munge", "state", "log", "run", *(f"{kind}/{name}" for name in self.names
+                                                       for kind in ("spool", "tmp"))):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         (self.root / "munge").chmod(0o755)
         key = self.root / "munge" / "munge.key"

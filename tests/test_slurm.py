@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 from slurm_cluster import SlurmCluster
 from test_export import TRAINING, export, final_loss, training_notebook
 
+from mpinb.errors import MPIError
 from mpinb.wire.channel import reachable_address
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
@@ -108,6 +109,14 @@ def test_srun_in_place_of_mpiexec(ip, magics, mpi, slurm, no_world):
     ip.run_line_magic("mpi", "start -n 2 --launcher slurm --mpiexec srun --mpiexec-arg=--mpi=pmi2")
     assert mpi("import os\n(comm.allreduce(rank), os.environ['SLURM_PROCID'])") == {0: (1, "0"), 1: (1, "1")}
     ip.run_line_magic("mpi", "stop")
+    assert slurm.squeue() == []
+
+
+def test_srun_with_an_mpi_plugin_slurm_lacks_says_how_to_list_them(ip, magics, slurm, no_world):
+    with pytest.raises(MPIError, match=r"ended before every rank registered: srun has no such --mpi plugin: "
+                                       r"srun --mpi=list lists those this Slurm has; its output:\n"
+                                       r"(.|\n)*Invalid MPI type 'nosuch'"):
+        ip.run_line_magic("mpi", "start -n 2 --launcher slurm --mpiexec srun --mpiexec-arg=--mpi=nosuch")
     assert slurm.squeue() == []
 
 

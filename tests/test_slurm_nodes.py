@@ -227,19 +227,50 @@ def test_stop_cancels_a_start_queued_behind_another_job_and_interrupts_a_cell_on
     no_leftovers(cluster)
 
 
-def test_srun_starts_the_ranks_on_both_nodes_through_slurms_pmi(cluster):
-    """srun --mpi=pmi2 in place of mpiexec: Slurm's PMI wires the world across the nodes, one task each."""
+OPENMPI = "/usr/bin/mpiexec.openmpi"  # Debian's openmpi-bin (make mpis)
+# Open MPI between the test hosts: TCP on eth0 (they share one kernel, so not its shared-memory transport)
+OPENMPI_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": "eth0",
+               "OMPI_MCA_oob_tcp_if_include": "eth0"}
+
+
+@pytest.mark.parametrize("how", ["MPICH, srun --mpi=pmi2", "Open MPI, srun --mpi=pmix", "Open MPI, its mpiexec"])
+def test_each_mpi_starts_its_ranks_on_both_nodes_through_slurm(cluster, how, monkeypatch):
+    """srun in place of mpiexec, Slurm's PMI wiring the world across the nodes (PMI-2 for MPICH, PMIx for Open
+    MPI), one task each; or Open MPI's own mpiexec inside the job, which starts its daemons on the nodes with
+    srun. Each world runs a collective, gathers exactly, and names the rank killed on the other node."""
     hosts, _ = cluster
+    setup = {"mpiexec": "srun", "mpiexec_args": ["--mpi=pmi2"]}
+    if how.startswith("Open MPI"):
+        if not Path(OPENMPI).exists():
+            if os.environ.get("MPINB_TEST_ALL_MPIS"):
+                pytest.fail(f"{OPENMPI} is missing: make mpis installs it (Debian's openmpi-bin)")
+            pytest.skip(f"{OPENMPI} is missing: make mpis installs it")
+        for name, value in OPENMPI_ENV.items():
+            monkeypatch.setenv(name, value)
+        setup = ({"default_mpi": "openmpi", "mpiexec": "srun", "mpiexec_args": ["--mpi=pmix"]} if "srun" in how else
+                 {"default_mpi": "openmpi", "mpiexec": OPENMPI})
     result = drive(cluster, [
         ["line", "start -n 4"],
         ["cell", "", "import os, socket\n"
-                     "print(comm.allreduce(rank), os.environ['SLURM_PROCID'], socket.gethostname())"],
-    ], mpiexec="srun", mpiexec_args=["--mpi=pmi2"])
-    start, hello = result["steps"]
-    assert start["raised"] is None, start
+                     "print(comm.allreduce(rank), os.environ.get('SLURM_PROCID'), socket.gethostname())"],
+        ["cell", "--gather x", "import numpy as np\nx = np.arange(1 << 16, dtype=np.float64) * (rank + 1)"],
+        ["eval", "[bool((x[r] == __import__('numpy').arange(1 << 16) * (r + 1)).all()) for r in sorted(x)]"],
+        ["cell", "--timeout 120", "import os, time\nif rank == 3:\n    time.sleep(1)\n    os.kill(os.getpid(), 9)\n"
+                                  "time.sleep(100)"],
+    ], **setup)
+    start, hello, gather, exact, killed = result["steps"]
+    assert start["raised"] is None and how.split(",")[0] in start["stdout"], start
     h1, h2 = hosts.names[1], hosts.names[2]
-    assert sorted(hello["stdout"].splitlines()) == [f"[rank 0] 6 0 {h1}", f"[rank 1] 6 1 {h1}",
-                                                     f"[rank 2] 6 2 {h2}", f"[rank 3] 6 3 {h2}"], hello
+    # srun starts each rank as a task of its own (SLURM_PROCID is the rank); Open MPI's mpiexec starts one daemon
+    # per node with srun, and the ranks under them
+    tasks = [str(r) for r in range(4)] if "srun" in how else ["0"] * 4
+    assert sorted(hello["stdout"].splitlines()) == [f"[rank {r}] 6 {tasks[r]} {host}" for r, host in
+                                                     enumerate([h1, h1, h2, h2])], hello
+    assert gather["raised"] is None and exact["value"] == "[True, True, True, True]", (gather, exact)
+    name, text = killed["raised"]
+    assert name == "RankError" and "Timeout" not in text, killed
+    assert text.splitlines()[1].startswith(f"rank 3: RankLost: rank 3 died: its "), text
+    assert h2 in text.splitlines()[1], text
 
 
 def test_an_exported_notebook_runs_across_both_nodes_as_a_slurm_job_with_the_same_loss(cluster, tmp_path):

@@ -52,8 +52,8 @@ class MPI:
     def launcher_args(self, size, *, local=True, forward=()):
         """Arguments this launcher needs for *size* ranks: Open MPI refuses root and, on this host, more ranks
         than cores unless told, and passes to other hosts only the variables named with ``-x`` (*forward*);
-        MPICH's and Intel's Hydra need none of it."""
-        if self.family != "openmpi":
+        MPICH's and Intel's Hydra need none of it, nor does srun starting Open MPI's ranks itself (PMIx)."""
+        if self.family != "openmpi" or family_of(self.version) != "openmpi":
             return []
         args = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
         if local and size > (os.cpu_count() or 1):

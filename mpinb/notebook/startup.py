@@ -35,6 +35,20 @@ NEVER_RUNS = {
 _ENGINE_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \[(IPEngine|IPController|KernelNanny|IPClusterStart)")
 
 
+# what srun printed when its MPI plugin could not start the ranks, and what to do
+SRUN_HINTS = {
+    "can not load PMIx library": "Slurm's pmix plugin could not load libpmix.so (Debian and Ubuntu ship it in "
+                                 "libpmix-dev): install it on every node, or start Open MPI's ranks with its own "
+                                 "mpiexec inside the job (%mpi start --launcher slurm --mpi openmpi)",
+    "Invalid MPI type": "srun has no such --mpi plugin: srun --mpi=list lists those this Slurm has",
+}
+
+
+def srun_hint(output):
+    """``": what to do"`` when *output* shows srun could not start the ranks through its MPI plugin, else ``""``."""
+    return next((f": {hint}" for said, hint in SRUN_HINTS.items() if said in output), "")
+
+
 class PortTaken(MPIError):
     """A start failed because a port ipyparallel picked was taken before its process bound it; worth one retry."""
 
@@ -298,8 +312,9 @@ class Startup:
         is still queued."""
         world = self.world
         if state is None:
-            raise MPIError(f"Slurm job {world.job.job_id} ended before every rank registered; its output:\n"
-                           f"{self._launcher_output()}")
+            output = self._launcher_output()
+            raise MPIError(f"Slurm job {world.job.job_id} ended before every rank registered{srun_hint(output)}; "
+                           f"its output:\n{output}")
         if state == "PENDING":
             reason = where.strip("()")
             if reason in NEVER_RUNS:
