@@ -277,6 +277,10 @@ def test_what_crosses_the_hosts_links_holds_neither_key_nor_source_and_a_replay_
         ["eval", f"({WORLD}.channel.encrypt, bool({WORLD}.client.curve_serverkey))"],
         ["cell", "", SOURCE],
         ["cell", "--gather x", "import numpy as np\nx = np.full(1000, rank, dtype=np.int64)"],
+        # 4 MB a rank: large enough to travel sealed with AES-GCM on the bulk socket rather than through CurveZMQ
+        ["cell", "--gather big", "big = np.frombuffer(b'mpinb-gathered-5e1d' * (1 << 18), dtype=np.uint8).copy()"],
+        ["eval", f"(sorted((rank, bytes(value[:19]), value.nbytes) for rank, value in big.items()), "
+                 f"bool({WORLD}.channel.opener.last))"],
         ["eval", plain],
         ["eval", f"__import__('capture').stop({str(pcap)!r}, until=b'mpinb-plain-text-control')"],
         ["eval", f"({WORLD}.channel.key.hex(), {WORLD}.channel.salt.hex())"],
@@ -289,6 +293,8 @@ def test_what_crosses_the_hosts_links_holds_neither_key_nor_source_and_a_replay_
     ])
     steps = result["steps"]
     assert all(step["raised"] is None for step in steps), [step["raised"] for step in steps]
+    assert steps[6]["value"] == repr(([(r, b"mpinb-gathered-5e1d", 19 << 18) for r in range(4)], True)), steps[5:7]
+    del steps[5:7]  # the large gather: the steps after it are numbered as before
     encrypted, output, key = steps[2]["value"], steps[3]["stdout"], eval(steps[7]["value"])[0]
     assert encrypted == "(True, True)"  # the cell channel and ipyparallel's own messages
     assert "[rank 3] mpinb-output-123" in output
@@ -296,7 +302,7 @@ def test_what_crosses_the_hosts_links_holds_neither_key_nor_source_and_a_replay_
     assert b"mpinb-plain-text-control" in wire  # the capture reads what is in clear
     assert len(wire) > 100_000  # it saw the world start, two cells and a gather
     for secret in (bytes.fromhex(key), key.encode(), b"mpinb-source-7f3a9c", b"secret_recipe",
-                   b"mpinb-output-123", b"mpinb-output-"):
+                   b"mpinb-output-123", b"mpinb-output-", b"mpinb-gathered-5e1d"):
         assert secret not in wire, secret
     replayed, refused, after, rejected = (step["value"] for step in steps[9:])
     assert int(replayed) > 1000 and refused.startswith("'HANDSHAKE_FAILED"), (replayed, refused)

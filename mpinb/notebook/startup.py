@@ -213,7 +213,7 @@ class Startup:
         channel = world.open_channel(None if encrypted else world.client.session.key)
         self._wait_for(self.everyone.apply_async(
             agent.start, cells=channel.cells_url, events=channel.events_url, salt=channel.salt,
-            key=channel.sent_key, encrypt=channel.encrypt))
+            key=channel.sent_key, encrypt=channel.encrypt, bulk=channel.bulk_url))
         world.connected(channel.wait_for_ranks(world.ranks, timeout=world.start_timeout, check=self._check_stop))
 
     def _wait_for_controller(self):

@@ -25,11 +25,11 @@ from .outbox import Ask, BetweenCells, ChannelStream, Outbox, Send, TraceEnd, Tr
 _agent = None
 
 
-def start(*, cells, events, salt, key=None, encrypt=False, rank=None, flush_interval=0.05):
+def start(*, cells, events, salt, key=None, encrypt=False, bulk=None, rank=None, flush_interval=0.05):
     """Connect this rank to the notebook's channel (again, if it was); called through ipyparallel on every rank.
     The channel's key is derived from *salt* and the engine's ipyparallel session key (``messages.derive_key``),
     unless ipyparallel runs CurveZMQ without one and sent *key* encrypted; with *encrypt*, the sockets are
-    CurveZMQ clients of the server key derived from it."""
+    CurveZMQ clients of the server key derived from it, and large messages go sealed to *bulk* (``wire/bulk.py``)."""
     global _agent
     from IPython import get_ipython
 
@@ -41,12 +41,12 @@ def start(*, cells, events, salt, key=None, encrypt=False, rank=None, flush_inte
     if _agent is not None:
         _agent.close()
     _agent = Agent(cells=cells, events=events, key=key, rank=rank, flush_interval=flush_interval,
-                   encrypt=encrypt)
+                   encrypt=encrypt, bulk=bulk)
     return rank
 
 
 class Agent:
-    def __init__(self, *, cells, events, key, rank, flush_interval, encrypt=False):
+    def __init__(self, *, cells, events, key, rank, flush_interval, encrypt=False, bulk=None):
         from tornado.ioloop import IOLoop
 
         self.key, self.rank = key, rank
@@ -62,7 +62,7 @@ class Agent:
         if encrypt:
             messages.encrypt_client(self.inbox, key)
         self.inbox.connect(cells)
-        self.outbox = Outbox(context, events, key, rank, flush_interval, encrypt)
+        self.outbox = Outbox(context, events, key, rank, flush_interval, encrypt, bulk)
         self.engine_streams = sys.stdout, sys.stderr
         sys.stdout = BetweenCells(self.outbox, "stdout", sys.stdout)
         sys.stderr = BetweenCells(self.outbox, "stderr", sys.stderr)

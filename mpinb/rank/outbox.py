@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import zmq
 
+from ..wire import bulk as wire_bulk
 from ..wire import messages
-from ..wire.kinds import Input, Metrics, Out, TraceSpans
+from ..wire.kinds import Bulk, Input, Metrics, Out, TraceSpans
 from . import report, stacks, tracing
 
 
@@ -161,7 +162,7 @@ class Outbox(threading.Thread):
     ``lock`` only, by one thread at a time.
     """
 
-    def __init__(self, context, address, key, rank, flush_interval, encrypt=False):
+    def __init__(self, context, address, key, rank, flush_interval, encrypt=False, bulk=None):
         super().__init__(name="mpinb-outbox", daemon=True)
         self.rank = rank
         self.signer = messages.Signer(key, f"rank/{rank}/outbox")
@@ -179,6 +180,12 @@ class Outbox(threading.Thread):
         if encrypt:
             messages.encrypt_client(self.socket, key)
         self.socket.connect(address)
+        self.bulk = self.sealer = None
+        if bulk is not None:  # large messages sealed with AES-GCM, on a socket of their own (wire/bulk.py)
+            self.bulk = context.socket(zmq.PUSH)
+            self.bulk.setsockopt(zmq.LINGER, 1000)
+            self.bulk.connect(bulk)
+            self.sealer = wire_bulk.Sealer(key, f"rank/{rank}")
         self.start()
 
     def put(self, item):
@@ -241,6 +248,8 @@ class Outbox(threading.Thread):
                 self._send_output()
                 self._send_metrics()
                 self.socket.close()
+                if self.bulk is not None:
+                    self.bulk.close()
                 self.closed = True
                 return trace_due
         if self.due is not None and now >= self.due:
@@ -255,6 +264,12 @@ class Outbox(threading.Thread):
     def _send_packed(self, frames):
         self._send_output()
         self._send_metrics()
+        if self.sealer is not None and len(frames) > 1 and \
+                sum(memoryview(frame).nbytes for frame in frames) >= wire_bulk.MINIMUM:
+            self._send(Bulk(self.rank))  # in order with the output: the notebook takes the message there
+            for chunk in self.sealer.seal(frames):
+                self.bulk.send_multipart(chunk, copy=False)
+            return
         self.socket.send_multipart(frames, copy=len(frames) == 1)  # no buffers: small, copied
 
     def _send_trace(self, cell_id, spans, dropped):

@@ -1,6 +1,7 @@
 """The notebook end of the cell channel: one message per rank out, output and replies back, over ZMQ (loopback
 unless the world listens on another address), every message signed with the world's key and numbered, and
-encrypted with CurveZMQ when the channel listens off loopback (``messages.py``).
+encrypted with CurveZMQ when the channel listens off loopback (``messages.py``); there a rank's large messages
+come sealed with AES-GCM on a socket of their own (``bulk.py``).
 
 ipyparallel starts the ranks and stays their control plane (registration, heartbeats, signals, status); cells
 take this shorter path because an ipyparallel execute or apply request costs every engine about 2 ms of CPU in
@@ -16,9 +17,9 @@ import time
 
 import zmq
 
-from . import messages
+from . import bulk, messages
 from .failures import MPIError
-from .kinds import AskStack, Cell, CellOptions, Hello, Reply, RollCall, Settle, Stack, Stdin
+from .kinds import AskStack, Bulk, Cell, CellOptions, Hello, Reply, RollCall, Settle, Stack, Stdin
 
 
 class Channel:
@@ -40,9 +41,14 @@ class Channel:
         self.cells.setsockopt(zmq.LINGER, 0)
         self.events = context.socket(zmq.PULL)
         self.events.setsockopt(zmq.LINGER, 0)
+        self.bulk = self.bulk_url = self.opener = None
         if self.encrypt:
             messages.encrypt_server(self.cells, self.key)
             messages.encrypt_server(self.events, self.key)
+            self.bulk = context.socket(zmq.PULL)  # no CurveZMQ: each chunk comes sealed
+            self.bulk.setsockopt(zmq.LINGER, 0)
+            self.bulk_url = f"tcp://{host}:{self.bulk.bind_to_random_port(f'tcp://{bind}')}"
+            self.opener = bulk.Opener(self.key, self.verifier.rejected)
         self.cells_url = f"tcp://{host}:{self.cells.bind_to_random_port(f'tcp://{bind}')}"
         self.events_url = f"tcp://{host}:{self.events.bind_to_random_port(f'tcp://{bind}')}"
         self.poller = zmq.Poller()
@@ -183,6 +189,8 @@ class Channel:
                 if sock is self.cells:
                     frames = frames[1:]  # drop the ROUTER's peer identity
                 unpacked = self.verifier.unpack_with_buffers(frames)
+                if unpacked is not None and isinstance(unpacked[0], Bulk):  # its large message is next
+                    unpacked = self._take_bulk(unpacked[0].rank)
                 if unpacked is None:
                     continue
                 message, buffers = unpacked
@@ -191,15 +199,32 @@ class Channel:
                 messages.append(message)
         return messages
 
+    def _take_bulk(self, rank):
+        """``(message, buffers)`` of *rank*'s large message announced on the channel, opened as its chunks arrive on
+        the bulk socket (other ranks' chunks meanwhile are kept); ``None`` when it did not come whole within
+        ``BULK_WAIT`` seconds of silence, or did not open."""
+        sender = f"rank/{rank}".encode()
+        while True:
+            frames = self.opener.take(sender)
+            if frames is not None:
+                return self.verifier.unpack_with_buffers(frames)
+            if not self.bulk.poll(int(BULK_WAIT * 1000)):
+                self.verifier.rejected["lost"] += 1
+                return None
+            self.opener.feed(self.bulk.recv_multipart(copy=False))
+
     def close(self):
         self.cells.close()
         self.events.close()
+        if self.bulk is not None:
+            self.bulk.close()
         ends, self._wake_read, self._wake_write = (self._wake_read, self._wake_write), -1, -1
         for end in ends:
             os.close(end)
 
 
 BATCH = 64  # messages read from one socket per receive() at most
+BULK_WAIT = 30.0  # seconds without a chunk after which an announced large message is given up
 
 
 def _addresses(ip):

@@ -220,6 +220,13 @@ class TraceSpans(NamedTuple):
     clocks: tuple
 
 
+class Bulk(NamedTuple):
+    """The rank's next large message comes sealed on the bulk socket (``wire/bulk.py``): take it now, in order
+    with what the rank sent before and after."""
+
+    rank: int
+
+
 class Input(NamedTuple):
     """A debugger on the rank asks for a line, showing *prompt*."""
 
