@@ -8,6 +8,7 @@ cluster's directory, and every Slurm command finds the configuration through ``S
 
 import glob
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,10 @@ SBIN = "/usr/sbin:/sbin"
 
 SLURM_CONF = """\
 ClusterName=mpinb-test
+# job ids unlike any earlier cluster's: MPICH names its shared memory after the job (srun's PMI gives it
+# "jobid.step"), and a segment left in /dev/shm by a killed rank of an earlier cluster's job of the same id was
+# opened again, its stale contents read as the new job's (MPI_Init failed now and then)
+FirstJobId={first_job}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -69,6 +74,12 @@ def which(name):
     return shutil.which(name, path=f"{os.environ.get('PATH', '')}:{SBIN}")
 
 
+def first_job_id():
+    """A first job id for a new cluster, random below Slurm's MaxJobId (67043328 by default): its jobs' ids are
+    most likely none an earlier cluster used."""
+    return 1000 + secrets.randbelow(60_000_000)
+
+
 def _free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -105,7 +116,7 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         self.conf.write_text(SLURM_CONF.format(host=self.host, root=self.root, ctld_port=_free_port(),
-                                               slurmd_port=_free_port(), user=_user()))
+                                               slurmd_port=_free_port(), user=_user(), first_job=first_job_id()))
         munge = self.root / "munge"
         try:
             self._daemon("munged", "-F", f"--key-file={key}", f"--socket={munge}/munge.sock",
@@ -195,6 +206,8 @@ def _user():
 
 NODES_CONF = """\
 ClusterName=mpinb-nodes
+# job ids unlike any earlier cluster's (see SLURM_CONF)
+FirstJobId={first_job}
 SlurmctldHost={controller}({controller_address})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
@@ -272,7 +285,7 @@ class SlurmNodes:
         self.conf.write_text(NODES_CONF.format(
             controller=hosts.names[self.controller], controller_address=hosts.addresses[self.controller],
             root=self.root, ctld_port=_free_port(), slurmd_port=_free_port(), user=_user(), nodes=nodes,
-            node_list=",".join(self.names)))
+            node_list=",".join(self.names), first_job=first_job_id()))
         munge = self.root / "munge"
         try:
             self._daemon("munged", None, "-F", f"--key-file={key}", f"--socket={munge}/munge.sock",

@@ -23,7 +23,7 @@ from .lifecycle import Lifecycle, State
 from .liveness import Liveness
 from .slurm_job import JobClock, SlurmJob
 from .reaper import alive, end_processes, remove_world_files, signal_all
-from .startup import PortTaken, Startup, heartbeat_period
+from .startup import StartRace, Startup, heartbeat_period
 
 log = logging.getLogger("mpinb")
 
@@ -175,8 +175,8 @@ class World:
         """
         try:
             return self._start()
-        except PortTaken:
-            log.warning("a port was taken while the world started; starting again with new ports")
+        except StartRace as race:
+            log.warning("%s; starting again", race.reason)
             return self._start()
 
     def _start(self):

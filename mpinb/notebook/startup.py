@@ -49,14 +49,26 @@ def srun_hint(output):
     return next((f": {hint}" for said, hint in SRUN_HINTS.items() if said in output), "")
 
 
-class PortTaken(MPIError):
-    """A start failed because a port ipyparallel picked was taken before its process bound it; worth one retry."""
+class StartRace(MPIError):
+    """A start that failed to a race outside mpinb, worth one more try: a port ipyparallel picked was taken
+    before its process bound it, or Slurm's pmi2 plugin misread a rank's PMI request (it does now and then with
+    MPICH's ranks under ``srun --mpi=pmi2``: the rank exits in ``MPI_Init`` and the others wait for it)."""
+
+    def __init__(self, message, reason):
+        super().__init__(message)
+        self.reason = reason
+
+
+RACES = {"Address already in use": "a port was taken while the world started",
+         "mpi/pmi2: invalid client request": "Slurm's pmi2 plugin misread a rank's request as MPI started"}
 
 
 def start_failure(message, output):
-    """The error for a start that failed with *message*: :class:`PortTaken` when the processes' *output* (the
-    only account of why a controller or an engine gave up) says an address was in use, else :class:`MPIError`."""
-    return PortTaken(message) if "Address already in use" in output else MPIError(message)
+    """The error for a start that failed with *message*: :class:`StartRace` when the processes' *output* (the
+    only account of why a controller or an engine gave up) shows one of the :data:`RACES`, else
+    :class:`MPIError`."""
+    reason = next((why for said, why in RACES.items() if said in output), None)
+    return StartRace(message, reason) if reason else MPIError(message)
 
 
 # how long an engine's heartbeats may stop before the hub unregisters it: 3.5 s whatever the period, which a rank
@@ -213,7 +225,7 @@ class Startup:
         channel = world.open_channel(None if encrypted else world.client.session.key)
         self._wait_for(self.everyone.apply_async(
             agent.start, cells=channel.cells_url, events=channel.events_url, salt=channel.salt,
-            key=channel.sent_key, encrypt=channel.encrypt, bulk=channel.bulk_url))
+            key=channel.sent_key, encrypt=channel.encrypt, bulk=channel.bulk_url), "connecting to the cell channel")
         world.connected(channel.wait_for_ranks(world.ranks, timeout=world.start_timeout, check=self._check_stop))
 
     def _wait_for_controller(self):
@@ -269,14 +281,23 @@ class Startup:
                     f"raise %config MPIMagics.start_timeout or check the mpiexec output:\n{output}", output)
             time.sleep(0.02)
 
-    def _wait_for(self, pending):
-        """The result of ipyparallel's *pending* request, waited for in short slices with a safe point between
-        them; ``TimeoutError`` after ``start_timeout``."""
-        deadline = time.monotonic() + self.world.start_timeout
+    def _wait_for(self, pending, what):
+        """The result of ipyparallel's *pending* request (the ranks doing *what*), waited for in short slices with
+        a safe point between them. A rank that ended meanwhile (the hub unregistered its engine) fails the start
+        at once, with what the launcher printed: the others would wait for it in MPI for ever. ``TimeoutError``
+        after ``start_timeout``."""
+        world = self.world
+        deadline = time.monotonic() + world.start_timeout
         while not pending.ready():
             self._check_stop()
+            self._check_launchers()
+            gone = world.size - len(world.client.ids)
+            if gone > 0:
+                output = self._launcher_output()
+                raise start_failure(f"{gone} of {world.size} ranks ended while {what}; the others would wait for "
+                                    f"{'it' if gone == 1 else 'them'} for ever:\n{output}", output)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the ranks did not answer within {self.world.start_timeout:g} s")
+                raise TimeoutError(f"the ranks did not answer within {world.start_timeout:g} s while {what}")
             pending.wait(0.05)
         return pending.get()
 
@@ -348,7 +369,7 @@ class Startup:
     def _learn_ranks(self, view):
         """``({rank: engine id}, {rank: who})`` of the ranks *view* reaches, once each was told its rank."""
         world = self.world
-        replies = self._wait_for(view.apply_async(rank_world.init_world, threads=world.threads))
+        replies = self._wait_for(view.apply_async(rank_world.init_world, threads=world.threads), "MPI started")
         sizes = {who["size"] for who in replies}
         ranks = sorted(who["rank"] for who in replies)
         if sizes != {world.size} or ranks != list(range(world.size)):

@@ -224,7 +224,7 @@ class Channel:
 
 
 BATCH = 64  # messages read from one socket per receive() at most
-BULK_WAIT = 30.0  # seconds without a chunk after which an announced large message is given up
+BULK_WAIT = 10.0  # seconds without a chunk after which an announced large message is given up (its rank died)
 
 
 def _addresses(ip):
