@@ -50,9 +50,11 @@ def srun_hint(output):
 
 
 class StartRace(MPIError):
-    """A start that failed to a race outside mpinb, worth one more try: a port ipyparallel picked was taken
-    before its process bound it, or Slurm's pmi2 plugin misread a rank's PMI request (it does now and then with
-    MPICH's ranks under ``srun --mpi=pmi2``: the rank exits in ``MPI_Init`` and the others wait for it)."""
+    """A start that failed for a reason outside mpinb that a new start avoids: a port ipyparallel picked was taken
+    before its process bound it, or, under ``srun --mpi=pmi2``, a rank's ``MPI_Init`` sent Slurm's pmi2 plugin
+    garbage and exited. MPICH names a node's shared memory after the job (srun's ``jobid.step``): a segment an
+    earlier job of the same id left in ``/dev/shm`` is opened again and its stale contents read. The new start
+    is a new job."""
 
     def __init__(self, message, reason):
         super().__init__(message)
@@ -60,7 +62,7 @@ class StartRace(MPIError):
 
 
 RACES = {"Address already in use": "a port was taken while the world started",
-         "mpi/pmi2: invalid client request": "Slurm's pmi2 plugin misread a rank's request as MPI started"}
+         "mpi/pmi2: invalid client request": "a rank's MPI_Init failed under srun's pmi2 plugin"}
 
 
 def start_failure(message, output):
