@@ -24,8 +24,10 @@ The arms, per size S of float32 per rank (each rank holds ``np.arange(n, dtype=f
 and, to say where the time goes:
   first hop      a cell (no --gather) running the MPI gather to rank 0 that the transport makes (pkl5 on
                  MPI.COMM_WORLD, as the ranks' agent does);
+  sealed         the 4 S bytes pushed from h1 to a PULL socket on h0 as the cell channel sends a large reply
+                 across hosts: AES-GCM sealed chunks of 2 MB (wire/bulk.py), opened on h0;
   curve, zmq     the 4 S bytes as one ZeroMQ message pushed from h1 to a PULL socket on h0, with CurveZMQ (as the
-                 cell channel across hosts is) and without;
+                 channel sent them before) and without any encryption;
   empty          an empty cell (``pass``, no gather) in each world: the fixed cost of a cell there.
 The gathered values are compared with the expected arrays once per size and world (after the warm-up rounds).
 Every "wire" here is the kernel copying memory between namespaces on the same cores as the ranks, so the link
@@ -175,8 +177,9 @@ def main():
                 arms[f"first {mb}"] = lambda mb=mb: across.cell(
                     "", f"from mpi4py import MPI\nfrom mpi4py.util import pkl5\n"
                     f"_g = pkl5.Intracomm(MPI.COMM_WORLD).gather(x{mb}, root=0)\ndel _g")
-                for curve in (False, True):
-                    arms[f"{'curve' if curve else 'zmq'} {mb}"] = lambda s=s, curve=curve: across.request(
+                for curve in (False, True, "sealed"):
+                    name = {False: "zmq", True: "curve", "sealed": "sealed"}[curve]
+                    arms[f"{name} {mb}"] = lambda s=s, curve=curve: across.request(
                         op="zmq", address=h1, port=PORT, send=RANKS * s, curve=curve, bind=h0)["seconds"]
             names = list(arms)
             times = {name: [] for name in names}
@@ -236,11 +239,14 @@ def main():
             f"| {ratio(f'mpi {mb}', f'tcp2 {mb}')} |",
             f"| why, first hop: a cell running only the same MPI gather to rank 0 (pkl5), no --gather | "
             f"--gather across hosts | {ms(f'first {mb}')} | {ms(f'mpi {mb}')} | {ratio(f'first {mb}', f'mpi {mb}')} |",
-            f"| why, second hop: one ZeroMQ message of {RANKS * mb} MB h1 → h0 with CurveZMQ (the channel across "
-            f"hosts) | the link: TCP, the same bytes | {ms(f'curve {mb}', payload)} | {ms(f'tcp {mb}', payload)} "
+            f"| why, second hop: the {RANKS * mb} MB h1 → h0 as the channel sends a large reply across hosts "
+            f"(AES-GCM, 2 MB chunks, wire/bulk.py) | the link: TCP, the same bytes | {ms(f'sealed {mb}', payload)} "
+            f"| {ms(f'tcp {mb}', payload)} | {ratio(f'sealed {mb}', f'tcp {mb}')} |",
+            f"| the same bytes as one ZeroMQ message with CurveZMQ (how the channel sent them before) | the link: "
+            f"TCP, the same bytes | {ms(f'curve {mb}', payload)} | {ms(f'tcp {mb}', payload)} "
             f"| {ratio(f'curve {mb}', f'tcp {mb}')} |",
-            f"| the same message without CurveZMQ | the link: TCP, the same bytes | {ms(f'zmq {mb}', payload)} "
-            f"| {ms(f'tcp {mb}', payload)} | {ratio(f'zmq {mb}', f'tcp {mb}')} |",
+            f"| the same message, neither encrypted nor authenticated | the link: TCP, the same bytes "
+            f"| {ms(f'zmq {mb}', payload)} | {ms(f'tcp {mb}', payload)} | {ratio(f'zmq {mb}', f'tcp {mb}')} |",
         ]
     rows.append(f"| empty cell across hosts, N={RANKS} | the same on one host | {ms('empty, mpi')} | "
                 f"{ms('empty, shm')} | {ratio('empty, mpi', 'empty, shm')} |")
@@ -252,7 +258,7 @@ def main():
         f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; {versions()}. "
         f"Hosts h0-h2 are network namespaces on this machine joined by veth links through a bridge (MTU 1500): "
         f"the notebook on h0, {PER_HOST} ranks on each of h1 and h2 (Hydra over ssh, MPI over TCP on eth0, the "
-        f"cell channel encrypted with CurveZMQ), against a world of {RANKS} ranks on h0 with the notebook, both "
+        f"cell channel encrypted with CurveZMQ, large replies sealed with AES-GCM), against a world of {RANKS} ranks on h0 with the notebook, both "
         f"up throughout. Medians ± half the interquartile range over {args.reps} interleaved rounds; GB/s is the "
         f"gathered bytes over the time; values checked exact. Load average {load_start[0]:.2f} at start, "
         f"{load_end[0]:.2f} at end.\n\n")

@@ -10,8 +10,10 @@ around ``run_cell_magic``), ``{"op": "eval", "expr": ...}``, ``{"op": "check", "
 "ranks": 4}`` (are the gathered values exactly ``np.arange(n, dtype=float32) + rank``?), ``{"op": "tcp",
 "address": a, "port": p, "send": n, "fetch": [a2, p2, m] or null}`` (time to receive n bytes from a ``serve``
 peer into a preallocated buffer, that peer first fetching m bytes from the next one when ``fetch`` is given),
-``{"op": "zmq", "address": a, "port": p, "send": n, "curve": bool, "bind": address}`` (time to receive n bytes
-as one ZeroMQ message that the ``serve`` peer pushes to a PULL socket bound here, with CurveZMQ when ``curve``,
+``{"op": "zmq", "address": a, "port": p, "send": n, "curve": bool or "sealed", "bind": address}`` (time to
+receive n bytes as one ZeroMQ message that the ``serve`` peer pushes to a PULL socket bound here, with CurveZMQ
+when ``curve`` is true, or as AES-GCM chunks as the cell channel sends a large reply across hosts when it is
+``"sealed"``,
 as the cell channel is across hosts) and ``{"op": "quit"}`` (stops the world and exits).
 
 ``serve`` answers each request line ``{"send": n, "fetch": ...}`` on a connection by (first receiving ``fetch``'s
@@ -28,6 +30,8 @@ import threading
 import time
 
 import numpy as np
+
+BENCH_KEY = bytes(range(32))  # the sealed arm's channel key: a benchmark's, on its own hosts
 
 CHUNK = 1 << 20
 
@@ -62,7 +66,7 @@ def serve(address, port):
     import zmq
 
     payload = np.ones(1, dtype=np.uint8)
-    upstream, pushes = {}, {}
+    upstream, pushes, sealers = {}, {}, {}
     lock = threading.Lock()
 
     def handle(connection):
@@ -86,7 +90,15 @@ def serve(address, port):
                             push.curve_serverkey = request["serverkey"].encode()
                             push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
                         push.connect(request["push"])
-                    push.send(memoryview(payload)[:n], copy=False)
+                    if request.get("sealed"):  # as a rank sends a large reply: AES-GCM chunks (wire/bulk.py)
+                        from mpinb.wire.bulk import Sealer
+
+                        sealer = sealers.get(request["sealed"]) or sealers.setdefault(
+                            request["sealed"], Sealer(bytes.fromhex(request["sealed"]), "rank/0"))
+                        for chunk in sealer.seal([memoryview(payload)[:n]]):
+                            push.send_multipart(chunk, copy=False)
+                    else:
+                        push.send(memoryview(payload)[:n], copy=False)
                 else:
                     connection.sendall(memoryview(payload)[:n])
 
@@ -107,6 +119,11 @@ def notebook(setup):
     for name, value in setup.items():
         setattr(magics, name, value)
     peers, pulls = {}, {}
+    from collections import Counter
+
+    from mpinb.wire.bulk import Opener
+
+    opener = Opener(BENCH_KEY, Counter())  # the notebook's side of the sealed arm
 
     def answer(**reply):
         reply_to.write("REPLY " + json.dumps(reply) + "\n")
@@ -149,18 +166,24 @@ def notebook(setup):
                     if curve not in pulls:
                         pull = zmq.Context.instance().socket(zmq.PULL)
                         public = None
-                        if curve:
+                        if curve is True:
                             public, pull.curve_secretkey = zmq.curve_keypair()
                             pull.curve_server = True
                         port = pull.bind_to_random_port(f"tcp://{request['bind']}")
                         pulls[curve] = pull, f"tcp://{request['bind']}:{port}", public
                     pull, endpoint, public = pulls[curve]
+                    sealed = curve == "sealed"
                     tic = time.perf_counter()
                     peer.ask({"send": request["send"], "push": endpoint,
-                              "serverkey": public.decode() if public else None})
-                    frame = pull.recv(copy=False)
+                              "serverkey": public.decode() if public else None,
+                              "sealed": BENCH_KEY.hex() if sealed else None})
+                    if sealed:
+                        while opener.feed(pull.recv_multipart(copy=False)) is None:
+                            pass
+                        value = len(opener.take(b"rank/0")[0])
+                    else:
+                        value = len(pull.recv(copy=False))
                     seconds = time.perf_counter() - tic
-                    value = len(frame)
         except BaseException as exc:  # noqa: BLE001 - reported to the benchmark, which stops on it
             raised = [type(exc).__name__, str(exc)]
         answer(raised=raised, value=value, seconds=seconds, output=out.getvalue()[-2000:])
