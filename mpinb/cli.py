@@ -11,9 +11,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="mpinb", description="Tools for notebooks that drive MPI worlds.")
     commands = parser.add_subparsers(dest="command", required=True)
     ex = commands.add_parser(
-        "export", help="write a notebook's %%mpi cells as a script for mpiexec (and a Slurm job)",
+        "export", help="write a notebook's %%%%mpi cells as a script for mpiexec (and a Slurm job)",  # %-formatted
         description="Write the notebook's %%mpi cells, in order, as a script that runs with "
-                    "`mpiexec -n N python SCRIPT`; cells that run in the notebook are left out with a comment.")
+                    "`mpiexec -n N python SCRIPT`; cells that run in the notebook, and cells tagged "
+                    "raises-exception (they fail on purpose), are left out with a comment.")
     ex.add_argument("notebook", help="the .ipynb file")
     ex.add_argument("-o", "--output", required=True, help="the script to write")
     ex.add_argument("--sbatch", metavar="FILE", help="also write a Slurm job script that runs it")

@@ -137,3 +137,27 @@ def test_export_needs_an_mpi_cell_and_a_size_for_the_job(tmp_path):
     assert done.returncode == 2 and "add -n N" in done.stderr
     done = export(notebook, "-o", str(tmp_path / "out.py"), "--sbatch", str(tmp_path / "job.sbatch"), "-n", "3")
     assert done.returncode == 0 and "#SBATCH --ntasks=3" in (tmp_path / "job.sbatch").read_text()
+
+
+@pytest.mark.mpi
+def test_a_cell_tagged_raises_exception_is_left_out_saying_why_and_the_script_runs(tmp_path):
+    """A tutorial shows an error on purpose in a cell tagged ``raises-exception`` (which nbclient lets fail): the
+    script leaves it out, with a comment, and runs to the end under mpiexec."""
+    failing = new_code_cell("%%mpi\nprint('before', rank)\n1 / 0", metadata={"tags": ["raises-exception"]})
+    notebook = tmp_path / "errors.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("%%mpi -n 2\nx = rank + 1"), failing,
+                                       new_code_cell("%%mpi\nprint('after', x)")]), notebook)
+    done = export(notebook, "-o", str(tmp_path / "out.py"))
+    assert done.returncode == 0, done.stderr
+    script = (tmp_path / "out.py").read_text()
+    assert "# ---- cell 2 is tagged raises-exception: it fails on purpose, to show the error (left out):" in script
+    assert "# 1 / 0" in script
+    ran = subprocess.run([default_mpiexec(), "-n", "2", sys.executable, str(tmp_path / "out.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(line for line in ran.stdout.splitlines() if line.startswith("after")) == ["after 1", "after 2"]
+
+
+def test_the_help_names_the_cell_magic_as_written():
+    done = subprocess.run([mpinb_command(), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "write a notebook's %%mpi cells" in done.stdout, done.stdout

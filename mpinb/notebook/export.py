@@ -4,7 +4,8 @@ that runs it).
 Each ``%%mpi`` cell becomes a section of the script, preceded by what the ranks have predefined under
 ``%%mpi`` (``comm``, ``rank``, ``size``, ``MPI``). ``--ranks`` becomes an ``if rank in ...`` around the cell;
 options that only change what the notebook shows (``--gather``, ``--timeout``, ``--stream``) are noted in a
-comment. Cells that run in the notebook itself are left out, each with a comment that says so. A ``%%mpi`` cell
+comment. Cells that run in the notebook itself, and ``%%mpi`` cells tagged ``raises-exception`` (a tutorial's error
+shown on purpose), are left out, each with a comment that says so. A ``%%mpi`` cell
 that uses IPython syntax (``%timeit``, ``!ls``) cannot run as plain Python: export stops and names it.
 """
 
@@ -41,7 +42,10 @@ def export(notebook, *, name="notebook.ipynb"):
         if cell.cell_type != "code" or not cell.source.strip():
             continue
         first, _, body = cell.source.lstrip("\n").partition("\n")
-        if first.split()[:1] == ["%%mpi"]:
+        if first.split()[:1] == ["%%mpi"] and "raises-exception" in cell.metadata.get("tags", ()):
+            sections.append(_left_out(number, cell.source, "is tagged raises-exception: it fails on purpose, to "
+                                                           "show the error"))
+        elif first.split()[:1] == ["%%mpi"]:
             options = _options(first, number)
             ranks = options.n or ranks
             sections.append(_mpi_section(number, options, body))
@@ -95,9 +99,9 @@ def _mpi_section(number, options, body):
     return f"{head}\n{code}"
 
 
-def _left_out(number, source):
+def _left_out(number, source, why="runs in the notebook only"):
     commented = textwrap.indent(source.rstrip(), "# ", lambda line: True)
-    return f"# ---- cell {number} runs in the notebook only (left out):\n{commented}"
+    return f"# ---- cell {number} {why} (left out):\n{commented}"
 
 
 def _check_plain_python(number, body):
