@@ -12,6 +12,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+LABSTAMP := $(VENV)/.lab-stamp
 # The CPU build; an unpinned torch pulls gigabytes of CUDA packages.
 TORCH  := torch==2.13.0
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -20,16 +21,21 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: lab test soak bench docs clean chromium sshd mpis
 
-$(STAMP): pyproject.toml Makefile
+# make lab: mpinb, MPICH and what the tutorials use (torch); make test and make docs add the test and docs tools
+$(LABSTAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,dev,docs]"
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,torch]"
+	touch $@
+
+$(STAMP): $(LABSTAMP)
+	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,torch,dev,docs]"
 	touch $@
 
 # JupyterLab refuses to run as root unless told; as a user it needs nothing
 ROOTFLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-lab: $(STAMP)
+lab: $(LABSTAMP)
 	$(VENV)/bin/jupyter lab $(ROOTFLAG) notebooks/
 
 chromium:

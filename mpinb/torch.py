@@ -11,6 +11,13 @@ Runs on ranks (under ``%%mpi`` or plain ``mpiexec python train.py``); imports no
     mt.broadcast_optimizer_state(opt)            # every rank resumes from rank 0's optimizer state
 """
 
+try:
+    import torch  # noqa: F401 - what every name here works on
+except ImportError as missing:
+    raise ImportError("mpinb.torch needs PyTorch, which is not installed here: pip install 'mpinb[torch]' (on "
+                      "every host the ranks run on), or PyTorch's CPU build: pip install torch --index-url "
+                      "https://download.pytorch.org/whl/cpu") from missing
+
 from .rank.data_parallel import (
                                  DistributedOptimizer,
                                  GradientAllreducer,
