@@ -82,7 +82,7 @@ def line_parser():
     """``%mpi``'s parser: one subcommand per action."""
     parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
     commands = parser.add_subparsers(dest="command",
-                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug}")
+                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug,inject}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=count, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -122,6 +122,19 @@ def line_parser():
                        help="show the failed cell's frames in JupyterLab's debugger panel (switched on) instead")
     debug.add_argument("--rank", dest="panel_rank", type=int, default=None, metavar="R",
                        help="the rank JupyterLab's debugger panel shows when ranks stop at breakpoints (default 0)")
+    inject = commands.add_parser(
+        "inject", help="plant a fault on rank R, acted on at its collectives (for teaching): straggler, kill, stall, "
+                       "nan, perturb; clear removes every fault; alone, lists them")
+    inject.add_argument("kind", nargs="?", default=None,
+                        choices=["straggler", "kill", "stall", "nan", "perturb", "clear"], metavar="KIND",
+                        help="straggler, kill, stall, nan, perturb, or clear")
+    inject.add_argument("--rank", type=int, default=None, metavar="R", help="the rank it is planted on")
+    inject.add_argument("--at", type=count, default=1, metavar="N",
+                        help="the rank's collective, counted from now, it acts at (from: straggler, perturb)")
+    inject.add_argument("--delay", type=float, default=0.1, metavar="S",
+                        help="straggler: seconds of sleep before each collective (default 0.1)")
+    inject.add_argument("--scale", type=float, default=1e-3, metavar="X",
+                        help="perturb: the noise's standard deviation (default 0.001)")
     return parser
 
 

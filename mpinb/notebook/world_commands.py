@@ -44,6 +44,9 @@ class WorldCommands:
     def on_who(self, args):
         self.show_who()
 
+    def on_inject(self, args):
+        self.inject(args.kind, rank=args.rank, at=args.at, delay=args.delay, scale=args.scale)
+
     def on_debug(self, args):
         if args.panel_rank is not None:
             self.panel_rank(args.panel_rank)
@@ -162,6 +165,31 @@ class WorldCommands:
 
         result = self._on_ranks(post_mortem, ranks=[rank])
         result.raise_for_errors()
+
+    def inject(self, kind, *, rank=None, at=1, delay=0.1, scale=1e-3):
+        """Plant a fault of *kind* on *rank* (``rank/faults.py``), remove every fault (``clear``), or, with no
+        *kind*, say what is planted where."""
+        from ..rank import faults
+
+        self._running_world()
+        world = self.magics.world
+        if kind == "clear":
+            result = self._on_ranks(faults.clear)
+            result.raise_for_errors()
+            removed = sum(dict(result.values).values())
+            print(f"removed {removed} fault{'s' if removed != 1 else ''}: the ranks run as written")
+            return
+        if kind is None:
+            result = self._on_ranks(faults.planted)
+            result.raise_for_errors()
+            lines = [f"rank {r} {what}" for r, planted in sorted(dict(result.values).items()) for what in planted]
+            print("\n".join(lines) if lines else "no fault is planted (%mpi inject KIND --rank R plants one)")
+            return
+        if rank is None or rank not in world.ranks:
+            raise UsageError(f"%mpi inject {kind} takes --rank R, a rank of this world (0-{world.size - 1})")
+        result = self._on_ranks(faults.plant, kind, at, delay, scale, ranks=[rank])
+        result.raise_for_errors()
+        print(f"rank {rank} {dict(result.values)[rank]}; %mpi inject clear removes it")
 
     def panel_rank(self, rank):
         """Make *rank* the one JupyterLab's debugger panel shows when ranks stop at its breakpoints."""

@@ -12,7 +12,7 @@ import functools
 import os
 import threading
 
-from . import tracing
+from . import faults, tracing
 
 _state = tracing.state
 _now = tracing.now_ns
@@ -129,10 +129,14 @@ def _wrap(dist, function, name, spec):
             info.recent.append((seq, signature))
             if not launched:
                 _state.enter(info, seq, signature, start)
+        if faults.active and not p2p:  # %mpi inject planted one on this rank
+            faults.before()
         work, done = None, False
         try:
             work = function(*args, **kwargs)
             done = True
+            if faults.active and not p2p and not launched:
+                faults.after(tensor)
             return work
         finally:
             end = _now()

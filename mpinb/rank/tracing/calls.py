@@ -12,6 +12,7 @@ as kind ``"mpinb"``, which the summary does not blame.
 import contextlib
 
 from ...wire.kinds import PointToPoint
+from .. import faults
 from . import comms, ledger
 from .arguments import (
     KEYWORDS,
@@ -79,12 +80,16 @@ def buffer_collective(base, name, spec_name, spec):
         if nonblocking:
             noted = (name, info, root, sent, received, seq, signature, detail)
             return _start_collective(base, self, args, kwargs, noted)
+        if faults.active:  # %mpi inject planted one on this rank
+            faults.before()
         start = _now()
         _state.enter(info, seq, signature, start)
         done = False
         try:
             value = base(self, *args, **kwargs)
             done = True
+            if faults.active:
+                faults.after(receive if receive is not None else send)
             return value
         finally:
             end = _now()
@@ -132,12 +137,16 @@ def object_collective(base, name, spec):
         info.count += 1
         seq = info.count
         info.recent.append((seq, signature))
+        if faults.active:
+            faults.before()
         start = _now()
         _state.enter(info, seq, signature, start)
         value, done = None, False
         try:
             value = base(self, *args, **kwargs)
             done = True
+            if faults.active:
+                value = faults.after(None, value)
             return value
         finally:
             end = _now()

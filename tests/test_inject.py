@@ -1,0 +1,84 @@
+"""Faults on demand (``%mpi inject``): each planted on one rank of a real world, acted on at its collectives in
+code that was not changed, diagnosed as mpinb diagnoses the real thing, and removed with one command."""
+
+import math
+
+import pytest
+from conftest import assert_all_gone, world_processes
+from IPython.core.error import UsageError
+
+from mpinb.errors import RankError
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(180)]
+
+# a student's loop: a gradient allreduce (buffers) and a loss averaged (objects), every step
+LOOP = """
+import numpy as np
+grads = np.ones(4)
+for step in range(6):
+    comm.Allreduce(MPI.IN_PLACE, grads)
+    grads /= size
+    loss = comm.allreduce(1.0 / (step + 1)) / size
+"""
+
+
+def test_nan_and_perturb_spoil_what_one_rank_receives_and_clear_puts_it_right(ip, world_of, mpi, capsys):
+    world_of(3)
+    ip.run_line_magic("mpi", "inject clear")
+    # the loop's last two collectives are its 11th (the gradients) and 12th (the loss)
+    ip.run_line_magic("mpi", "inject nan --rank 1 --at 12")
+    ip.run_line_magic("mpi", "inject perturb --rank 2 --at 11 --scale 0.5")
+    ip.run_line_magic("mpi", "inject")
+    out = capsys.readouterr().out
+    assert "rank 1 nan: gets NaN from its 12th collective (0 collectives so far)" in out, out
+    assert "rank 2 perturb: gets noise of scale 0.5 added to what each collective gives it, from its 11th on" in out
+    mpi(LOOP)
+    grads, loss = mpi("grads"), mpi("loss")
+    assert (grads[0] == 1.0).all() and (grads[1] == 1.0).all() and not (grads[2] == 1.0).all(), grads
+    assert math.isnan(loss[1]) and not math.isnan(loss[0]) and loss[2] != loss[0], loss
+    ip.run_line_magic("mpi", "inject clear")
+    assert "removed 2 faults: the ranks run as written" in capsys.readouterr().out
+    mpi(LOOP)
+    assert all((grads == 1.0).all() for grads in mpi("grads").values())
+
+
+def test_kill_at_the_third_collective_is_named_as_a_death(ip, world_of, mpi):
+    world = world_of(3)
+    ip.run_line_magic("mpi", "inject kill --rank 2 --at 3")
+    old = world_processes(world)
+    with pytest.raises(RankError) as raised:
+        mpi(LOOP)
+    assert "rank 2: RankLost: rank 2 died: signal 9 (SIGKILL)" in str(raised.value), raised.value
+    ip.run_line_magic("mpi", "restart --fresh")  # a new world has no fault planted
+    assert_all_gone(old)
+    mpi(LOOP)
+    assert mpi("step") == {0: 5, 1: 5, 2: 5}
+
+
+def test_a_stalled_rank_is_named_by_the_ranks_waiting_for_it(ip, world_of, mpi):
+    world_of(3)
+    ip.run_line_magic("mpi", "inject clear")
+    ip.run_line_magic("mpi", "inject stall --rank 0 --at 4")
+    with pytest.raises(RankError) as raised:
+        mpi(LOOP, "--timeout 4")
+    text = str(raised.value)
+    assert "rank 0" in text and "Timeout" in text, text
+    assert "mpinb/rank/faults.py" not in text, text
+    ip.run_line_magic("mpi", "inject clear")
+    mpi(LOOP)
+
+
+def test_a_straggler_is_named_by_the_trace(ip, world_of, mpi, capsys):
+    world_of(3)
+    ip.run_line_magic("mpi", "inject clear")
+    ip.run_line_magic("mpi", "inject straggler --rank 1 --delay 0.05")
+    capsys.readouterr()
+    mpi(LOOP, "--trace")
+    assert "rank 1 arrived last at" in capsys.readouterr().out
+    ip.run_line_magic("mpi", "inject clear")
+
+
+def test_inject_needs_a_rank_of_the_world(ip, world_of):
+    world_of(3)
+    with pytest.raises(UsageError, match=r"%mpi inject kill takes --rank R, a rank of this world \(0-2\)"):
+        ip.run_line_magic("mpi", "inject kill --rank 7")
