@@ -158,6 +158,7 @@ class MPIMagics(Magics):
             %mpi who
             %mpi debug R [--panel]
             %mpi debug --rank R
+            %mpi inject [KIND --rank R [--at N] [--delay S] [--scale X] | clear]
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
@@ -176,7 +177,9 @@ class MPIMagics(Magics):
         opens pdb in rank R's last failed cell, its prompt answered in the notebook; ``breakpoint()`` in a cell
         opens the same prompt for the rank that reaches it. With JupyterLab's debugger switched on, breakpoints
         clicked in a ``%%mpi`` cell stop the ranks, and the panel shows rank 0 (``debug --rank R``: rank R);
-        ``debug R --panel`` shows rank R's last failed cell there.
+        ``debug R --panel`` shows rank R's last failed cell there. ``inject`` plants a fault on rank R for
+        teaching, acted on at its collectives (``straggler``, ``kill``, ``stall``, ``nan``, ``perturb``;
+        ``--at N``: its Nth collective from now); alone it lists them, ``clear`` removes them.
         The world stops with the kernel.
 
         Examples
