@@ -5,12 +5,12 @@ import re
 import subprocess
 import time
 
-# how Slurm ended a job, by its final state (scontrol's JobState), when the ranks did not end it themselves
+# how Slurm ended a job, by its final state (scontrol's JobState), when the ranks did not end it themselves; a
+# node that failed (NODE_FAIL) is named with its ranks by the lost-node check instead (SlurmJob.lost_nodes)
 ENDED_BY_SLURM = {
     "TIMEOUT": "Slurm ended job {job} at its time limit ({limit})",
     "DEADLINE": "Slurm ended job {job} at its deadline",
     "PREEMPTED": "Slurm preempted job {job} (a job of higher priority took its nodes)",
-    "NODE_FAIL": "Slurm ended job {job} because one of its nodes failed",
     "OUT_OF_MEMORY": "Slurm ended job {job}: it went over its memory limit",
     "CANCELLED": "job {job} was cancelled (scancel)",
 }

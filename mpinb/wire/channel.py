@@ -203,6 +203,9 @@ class Channel:
         """``(message, buffers)`` of *rank*'s large message announced on the channel, opened as its chunks arrive on
         the bulk socket (other ranks' chunks meanwhile are kept); ``None`` when it did not come whole within
         ``BULK_WAIT`` seconds of silence, or did not open."""
+        if self.opener is None:  # no bulk socket here (the channel is on loopback): nothing to take
+            self.verifier.rejected["malformed"] += 1
+            return None
         sender = f"rank/{rank}".encode()
         while True:
             frames = self.opener.take(sender)
