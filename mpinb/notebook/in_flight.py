@@ -10,8 +10,8 @@ from IPython.core.error import StdinNotImplementedError
 from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
 from . import stops, visual_debugger
-from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Metrics, Out, Reply, Settled, TraceSpans,
-                          Waiting, Where)
+from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Kept, Metrics, Out, Reply, Settled,
+                          TraceSpans, Waiting, Where)
 from .diagnose import capture_stacks
 from .mismatch import MismatchWatch, after_cell, at_death
 from .perrank import PerRank
@@ -137,6 +137,8 @@ class InFlight:
             self.panel.on_answer(message)
         elif isinstance(message, TraceSpans) and settings.trace is not None and message.cell_id == self.cell_id:
             settings.trace.add(message.rank, message.spans, message.dropped, message.clocks)
+        elif isinstance(message, Kept):
+            self.world.kept_state.note_taken(message.rank, message.cell_id)
         elif isinstance(message, Reply) and message.cell_id == self.cell_id:
             self.reply(message.rank, message.reply)
 

@@ -10,7 +10,9 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
 
+from ..wire.kinds import Kept
 from ..wire.ranks import label_ranks
 
 
@@ -35,13 +37,14 @@ class KeptState:
         self.complete = []  # cells (ids) of the current start that every rank finished, with their numbers
         self.previous = []  # those of the start before, until it is restored or dropped
         self.sizes = {}  # start -> its number of ranks
+        self.taken = {}  # rank -> the last cell of the current start whose snapshot it wrote
 
     def environment(self, size):
         """The ranks' environment for the next start, of *size* ranks: where they keep snapshots (nothing when
         off)."""
         self.generation += 1
         self.sizes[self.generation] = size
-        self.previous, self.complete = self.complete, []
+        self.previous, self.complete, self.taken = self.complete, [], {}
         if not self.enabled:
             return {}
         if self.root is None:
@@ -66,6 +69,26 @@ class KeptState:
     @property
     def last_complete(self):
         return self.complete[-1][0] if self.complete else None
+
+    def note_taken(self, rank, cell_id):
+        """*rank* wrote its snapshot of cell *cell_id* (a ``Kept`` message)."""
+        self.taken[rank] = max(self.taken.get(rank, 0), cell_id)
+
+    def wait_until_kept(self, channel, ranks, timeout=10.0):
+        """With ``snapshot_lag = 0`` (nothing of a finished cell may be lost), wait up to *timeout* seconds until
+        every one of *ranks* wrote its snapshot of the last cell every rank finished. Each rank's next cell waits
+        for its own snapshot anyway; this makes a rank that fails at once (``MPI_Abort`` ends every rank) wait
+        for the others' too. What else arrives meanwhile is kept for the cell."""
+        cell = self.last_complete
+        if not self.enabled or self.lag != 0 or cell is None:
+            return
+        deadline = time.monotonic() + timeout
+        while any(self.taken.get(rank, 0) < cell for rank in ranks) and time.monotonic() < deadline:
+            for message in channel.receive(0.05, keep=False):
+                if isinstance(message, Kept):
+                    self.note_taken(message.rank, message.cell_id)
+                else:
+                    channel.hold(message)
 
     def forget(self):
         """Remove every snapshot (the world is stopped for good)."""

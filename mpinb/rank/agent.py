@@ -16,7 +16,7 @@ import zmq
 
 from ..wire import messages, rank_files, shm
 from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
-from ..wire.kinds import Cell, CellReply, Hello, Reply
+from ..wire.kinds import Cell, CellReply, Hello, Kept, Reply
 from . import (debug, gather, replicas, report, rollcall, runner, snapshots, stacks, torch_hooks, trace_torch, tracing,
                visual_debugger)
 from .abort_watch import AbortWatch
@@ -83,6 +83,8 @@ class Agent:
         debug.install(lambda prompt: self.outbox.put(Ask(self.cell_id, prompt)), rank)
         visual_debugger.install(lambda message: self.outbox.put(Send(message)), rank)
         self.snapshots = snapshots.install(rank)
+        if self.snapshots is not None:  # the notebook may wait for every rank's snapshot (snapshot_lag = 0)
+            self.snapshots.on_taken = lambda cell: self.outbox.put(Send(Kept(rank, cell)))
         self.inbox.send_multipart(self.hello.pack(Hello(rank, path)))
 
     def _on_readable(self, *_):

@@ -160,6 +160,7 @@ class Snapshots:
         self.busy = False  # a snapshot is being taken
         self.asleep = False  # the thread waits with nothing pending (a new snapshot must wake it)
         self.cancel = False
+        self.on_taken = None  # called with a cell's id once its snapshot is written (the agent tells the notebook)
         self.thread = threading.Thread(target=self._run, name="mpinb-snapshots", daemon=True)
         self.thread.start()
 
@@ -210,6 +211,8 @@ class Snapshots:
             try:
                 self.last = self.take(cell, items)
                 self.taken_at = time.monotonic()
+                if self.on_taken is not None:
+                    self.on_taken(cell)
             except Cancelled:
                 pass
             except Exception as exc:  # noqa: BLE001 - a snapshot that failed must never fail the rank's next cell

@@ -141,6 +141,10 @@ class Channel:
                     self._held.append(message)
         return answers
 
+    def hold(self, message):
+        """Keep *message*, received while waiting for something else, for the next :meth:`receive`."""
+        self._held.append(message)
+
     def send_stdin(self, rank, line):
         """A line typed at *rank*'s debugger prompt (``None``: end of input)."""
         self.cells.send_multipart([f"rollcall-{rank}".encode(), *self.signer.pack(Stdin(line))])

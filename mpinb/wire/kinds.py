@@ -220,6 +220,13 @@ class TraceSpans(NamedTuple):
     clocks: tuple
 
 
+class Kept(NamedTuple):
+    """The rank's snapshot of cell *cell_id* is written (``rank/snapshots.py``)."""
+
+    rank: int
+    cell_id: int
+
+
 class Bulk(NamedTuple):
     """The rank's next large message comes sealed on the bulk socket (``wire/bulk.py``): take it now, in order
     with what the rank sent before and after."""
