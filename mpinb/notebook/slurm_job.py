@@ -73,7 +73,7 @@ class SlurmJob:
     def time_left(self):
         """``(limit, left)`` in seconds while the job runs (``left`` is 0 once past the limit, before Slurm acts
         on it); ``(None, None)`` for a job without a limit, or when Slurm did not answer."""
-        out = _run("squeue", "-h", "-j", self.job_id, "-o", "%l|%L")
+        out = _run("squeue", "-h", "-j", self.job_id, "-o", "%l|%L", timeout=5)  # asked while cells run
         limit, _, left = (out or "").strip().partition("|")
         limit = seconds(limit) if limit else None
         if limit is None:
