@@ -146,7 +146,7 @@ def test_a_cell_tagged_raises_exception_is_left_out_saying_why_and_the_script_ru
     failing = new_code_cell("%%mpi\nprint('before', rank)\n1 / 0", metadata={"tags": ["raises-exception"]})
     notebook = tmp_path / "errors.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("%%mpi -n 2\nx = rank + 1"), failing,
-                                       new_code_cell("%%mpi\nprint('after', x)")]), notebook)
+                                       new_code_cell("%%mpi\nprint(f'after {x}')")]), notebook)
     done = export(notebook, "-o", str(tmp_path / "out.py"))
     assert done.returncode == 0, done.stderr
     script = (tmp_path / "out.py").read_text()
@@ -155,7 +155,8 @@ def test_a_cell_tagged_raises_exception_is_left_out_saying_why_and_the_script_ru
     ran = subprocess.run([default_mpiexec(), "-n", "2", sys.executable, str(tmp_path / "out.py")],
                          capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
-    assert sorted(line for line in ran.stdout.splitlines() if line.startswith("after")) == ["after 1", "after 2"]
+    # under mpiexec one rank's writes can run into another's ("afterafter 1"): one string each, found as words
+    assert sorted(re.findall(r"after (\d)", ran.stdout)) == ["1", "2"], ran.stdout
 
 
 def test_the_help_names_the_cell_magic_as_written():
