@@ -109,6 +109,8 @@ def test_the_panel_shows_the_rank_chosen_and_the_others_wait_until_it_goes_on(da
     assert variables(dap, stopped["stack"][0])["x"] == "10"
     answer = dap.request("evaluate", expression="x + rank", frameId=stopped["stack"][0]["id"], context="repl")
     assert answer["success"] and answer["body"]["result"] == "11", answer
+    shown = dap.request("richInspectVariables", variableName="x", frameId=stopped["stack"][0]["id"])
+    assert shown["success"] and shown["body"]["data"]["text/plain"] == "10", shown  # looked up, not run
     assert "after" not in text(dap, msg_id)  # rank 0 waits at the same line
     out = run_to_end(dap, msg_id)
     assert "[rank 0] after 1" in out and "[rank 1] after 11" in out, out

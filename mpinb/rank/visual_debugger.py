@@ -11,6 +11,7 @@ panel shows them in the cell; frames of mpinb's own code are never shown. Ids ar
 """
 
 import bdb
+import builtins
 import linecache
 import os
 import queue
@@ -269,8 +270,8 @@ class Stop:
         return {"name": str(name), "value": _text(value), "type": type(value).__name__,
                 "evaluateName": str(name), "variablesReference": self._reference(value) if expandable else 0}
 
-    # evaluate and richInspectVariables run what the user typed in the panel's console or asked to see, in the
-    # stopped frame, as pdb's ``p`` does: that is what they are for, on the user's own rank
+    # evaluate runs what the user typed in the panel's debug console, in the stopped frame, as pdb's ``p`` and
+    # ``!`` do: that is what the console is for, on the user's own rank
     def on_evaluate(self, arguments):
         frame = self._lookup(arguments["frameId"]) if arguments.get("frameId") else self.frames[0][0]
         expression = arguments["expression"]
@@ -284,8 +285,16 @@ class Stop:
                 "variablesReference": variable["variablesReference"]}
 
     def on_richInspectVariables(self, arguments):
+        """The panel shows one variable it listed (a name, or a dotted path into one): looked up, not run."""
         frame = self._lookup(arguments["frameId"]) if arguments.get("frameId") else self.frames[0][0]
-        value = eval(arguments["variableName"], frame.f_globals, frame.f_locals)
+        first, *attributes = arguments["variableName"].split(".")
+        scopes = (frame.f_locals, frame.f_globals, vars(builtins))
+        scope = next((scope for scope in scopes if first in scope), None)
+        if scope is None:
+            raise NameError(f"name {first!r} is not defined in the stopped frame of rank {rank}")
+        value = scope[first]
+        for attribute in attributes:
+            value = getattr(value, attribute)
         return {"data": {"text/plain": repr(value)}, "metadata": {}}
 
     def on_source(self, arguments):
