@@ -1,4 +1,4 @@
-"""--gather across hosts (the ``mpi`` transport) against shared memory on one host and against the link itself.
+"""--gather across hosts (each rank's bytes sealed on their own) against shared memory on one host and the link.
 
     python benchmarks/hosts.py [--sizes 8,32] [--reps 9] [--warm 2] [--markdown PATH]
 
@@ -9,13 +9,15 @@ IPython shell with mpinb loaded, driven over stdin, timing each cell with ``time
 
   across hosts   2 ranks on each of h1 and h2, started over ssh by Hydra (MPI's traffic over eth0), the channel on
                  h0's address (so encrypted with CurveZMQ). No rank shares the notebook's host, so --gather takes
-                 the ``mpi`` transport: one MPI gather to rank 0 (on h1; the two ranks on h2 send theirs across
-                 the h2 -> h1 link), then rank 0 sends every rank's bytes to the notebook in one message (h1 -> h0).
+                 the ``frames`` transport: each rank seals its own bytes and sends them to the notebook (h1 -> h0,
+                 h2 -> h0). Set to ``mpi``: one MPI gather to rank 0 (on h1; the two ranks on h2 send theirs
+                 across the h2 -> h1 link), then rank 0 sends every rank's bytes in one message (h1 -> h0).
   one host       4 ranks inside h0 with the notebook (local mpiexec, channel on loopback): the ``shm`` transport.
 
 The arms, per size S of float32 per rank (each rank holds ``np.arange(n, dtype=float32) + rank``), interleaved
 --reps times with the order rotated each round, each a median with half its interquartile range:
-  mpi            ``%%mpi --gather x --no-inspect`` (cell ``pass``) in the world across hosts;
+  frames         ``%%mpi --gather x --no-inspect`` (cell ``pass``) in the world across hosts;
+  mpi            the same with ``gather_transport = "mpi"``;
   shm            the same in the world on one host (the anchor: shared memory on one host);
   tcp            the same 4 S bytes sent by a Python socket on h1 (``sendall``) to one on h0 (``recv_into`` a
                  preallocated buffer), over the same veth path: what the link can carry;
@@ -31,7 +33,7 @@ and, to say where the time goes:
   empty          an empty cell (``pass``, no gather) in each world: the fixed cost of a cell there.
 The gathered values are compared with the expected arrays once per size and world (after the warm-up rounds).
 Every "wire" here is the kernel copying memory between namespaces on the same cores as the ranks, so the link
-is fast and CPU-bound, not a network's; what matters is how close the mpi transport gets to it. The hosts are
+is fast and CPU-bound, not a network's; what matters is how close the gather gets to it. The hosts are
 torn down at the end (every process on them killed by pid, the namespaces deleted); the script says whether
 anything was still running on them before that.
 """
@@ -110,6 +112,16 @@ class Notebook:
         self.log.close()
 
 
+def transport_cell(notebook, transport, args):
+    """The seconds of one ``%%mpi ARGS`` cell ``pass`` with ``gather_transport`` set to *transport* for it."""
+    setting = "setattr(get_ipython().magics_manager.registry['MPIMagics'], 'gather_transport', {!r})"
+    notebook.request(op="eval", expr=setting.format(transport))
+    try:
+        return notebook.cell(args, "pass")
+    finally:
+        notebook.request(op="eval", expr=setting.format("auto"))
+
+
 def spread(values):
     """``(median, half the interquartile range)``."""
     quartiles = statistics.quantiles(values, n=4)
@@ -161,14 +173,15 @@ def main():
                     op="eval", expr="get_ipython().magics_manager.registry['MPIMagics'].cells.transport(None)")["value"]
             where = across.request(op="eval", expr="get_ipython().magics_manager.registry['MPIMagics'].world.hosts()")
             print(f"ranks across hosts: {where['value']}; transports: {transports}", flush=True)
-            assert transports == {"across": "'mpi'", "local": "'shm'"}, transports
+            assert transports == {"across": "'frames'", "local": "'shm'"}, transports
 
             h0, h1, h2 = hosts.addresses
             arms = {"empty, mpi": lambda: across.cell("", "pass"), "empty, shm": lambda: local.cell("", "pass")}
             for mb in sizes:
                 s = mb << 20
-                arms[f"mpi {mb}"] = lambda mb=mb: across.cell(f"--gather x{mb} --no-inspect", "pass")
+                arms[f"frames {mb}"] = lambda mb=mb: across.cell(f"--gather x{mb} --no-inspect", "pass")
                 arms[f"shm {mb}"] = lambda mb=mb: local.cell(f"--gather x{mb} --no-inspect", "pass")
+                arms[f"mpi {mb}"] = lambda mb=mb: transport_cell(across, "mpi", f"--gather x{mb} --no-inspect")
                 arms[f"tcp {mb}"] = lambda s=s: across.request(op="tcp", address=h1, port=PORT,
                                                                send=RANKS * s)["seconds"]
                 arms[f"tcp2 {mb}"] = lambda s=s: across.request(
@@ -186,10 +199,11 @@ def main():
             for _ in range(args.warm):
                 for arm in arms.values():
                     arm()
-            for mb in sizes:  # the values the last warm-up gathers brought, compared with what each rank holds
-                for notebook in notebooks:
-                    exact[(notebook.name, mb)] = notebook.request(op="check", name=f"x{mb}", floats=mb << 18,
-                                                                  ranks=RANKS)["value"]
+            for mb in sizes:  # what each transport brings, compared with what each rank holds
+                for notebook, transport in ((local, "shm"), (across, "frames"), (across, "mpi")):
+                    arms[f"{transport} {mb}"]()
+                    exact[(notebook.name, transport, mb)] = notebook.request(
+                        op="check", name=f"x{mb}", floats=mb << 18, ranks=RANKS)["value"]
             print(f"gathered values exact: {exact}", flush=True)
             for round_ in range(args.reps):
                 for name in names[round_ % len(names):] + names[:round_ % len(names)]:
@@ -230,15 +244,16 @@ def main():
     for mb in sizes:
         payload, case = RANKS * mb << 20, f"--gather {mb} MB float32 per rank, N={RANKS} ({RANKS * mb} MB)"
         rows += [
-            f"| {case} across hosts (mpi transport) | the same on one host (shm transport) "
-            f"| {ms(f'mpi {mb}', payload)} | {ms(f'shm {mb}', payload)} | {ratio(f'mpi {mb}', f'shm {mb}')} |",
-            f"| the same | the link: TCP of {RANKS * mb} MB h1 → h0 | {ms(f'mpi {mb}', payload)} "
-            f"| {ms(f'tcp {mb}', payload)} | {ratio(f'mpi {mb}', f'tcp {mb}')} |",
-            f"| the same | the mpi transport's path over TCP: {PER_HOST * mb} MB h2 → h1, then {RANKS * mb} MB "
-            f"h1 → h0 | {ms(f'mpi {mb}', payload)} | {ms(f'tcp2 {mb}', payload)} "
-            f"| {ratio(f'mpi {mb}', f'tcp2 {mb}')} |",
+            f"| {case} across hosts (each rank sends its own, sealed: frames transport) | the same on one host "
+            f"(shm transport) | {ms(f'frames {mb}', payload)} | {ms(f'shm {mb}', payload)} "
+            f"| {ratio(f'frames {mb}', f'shm {mb}')} |",
+            f"| the same | the link: TCP of {RANKS * mb} MB h1 → h0 | {ms(f'frames {mb}', payload)} "
+            f"| {ms(f'tcp {mb}', payload)} | {ratio(f'frames {mb}', f'tcp {mb}')} |",
+            f"| the same set to the mpi transport (gather to rank 0, then one message) | its path over TCP: "
+            f"{PER_HOST * mb} MB h2 → h1, then {RANKS * mb} MB h1 → h0 | {ms(f'mpi {mb}', payload)} "
+            f"| {ms(f'tcp2 {mb}', payload)} | {ratio(f'mpi {mb}', f'tcp2 {mb}')} |",
             f"| why, first hop: a cell running only the same MPI gather to rank 0 (pkl5), no --gather | "
-            f"--gather across hosts | {ms(f'first {mb}')} | {ms(f'mpi {mb}')} | {ratio(f'first {mb}', f'mpi {mb}')} |",
+            f"the mpi transport | {ms(f'first {mb}')} | {ms(f'mpi {mb}')} | {ratio(f'first {mb}', f'mpi {mb}')} |",
             f"| why, second hop: the {RANKS * mb} MB h1 → h0 as the channel sends a large reply across hosts "
             f"(AES-GCM, 2 MB chunks, wire/bulk.py) | the link: TCP, the same bytes | {ms(f'sealed {mb}', payload)} "
             f"| {ms(f'tcp {mb}', payload)} | {ratio(f'sealed {mb}', f'tcp {mb}')} |",

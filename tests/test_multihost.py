@@ -58,17 +58,21 @@ def test_cells_run_across_hosts_labelled_by_rank_with_gather_metrics_and_status(
         ["cell", "--gather x", "import numpy as np\nx = np.arange(1 << 20, dtype=np.float64) * (rank + 1)"],
         ["eval", "[bool((x[r] == __import__('numpy').arange(1 << 20) * (r + 1)).all()) for r in sorted(x)]"],
         ["eval", "get_ipython().magics_manager.registry['MPIMagics'].cells.transport(None)"],
+        ["eval", "setattr(get_ipython().magics_manager.registry['MPIMagics'], 'gather_transport', 'mpi')"],
+        ["cell", "--gather y", "y = x * 2"],
+        ["eval", "[bool((y[r] == __import__('numpy').arange(1 << 20) * (r + 1) * 2).all()) for r in sorted(y)]"],
         ["cell", "", "import mpinb\nfor step in range(20):\n    mpinb.report(step=step, loss=1.0 / (step + 1))"],
         ["line", "status"],
     ])
-    start, hello, failing, gather, exact, transport, report, status = result["steps"]
+    start, hello, failing, gather, exact, transport, _, gather_mpi, exact_mpi, report, status = result["steps"]
     assert start["raised"] is None, start
     h1, h2 = hosts.names[1], hosts.names[2]
     assert sorted(hello["stdout"].splitlines()) == [f"[rank 0] {h1}", f"[rank 1] {h1}", f"[rank 2] {h2}",
                                                      f"[rank 3] {h2}"]
     assert failing["raised"][0] == "RankError" and f"rank 3: ValueError: bad batch on {h2}" in failing["raised"][1]
     assert gather["raised"] is None and exact["value"] == "[True, True, True, True]", (gather, exact)
-    assert transport["value"] == "'mpi'"  # no rank shares the notebook's host: one MPI gather, then one message
+    assert transport["value"] == "'frames'"  # no rank shares the notebook's host: each rank sends its own
+    assert gather_mpi["raised"] is None and exact_mpi["value"] == "[True, True, True, True]", (gather_mpi, exact_mpi)
     assert report["raised"] is None and result["history"] == 4 * 20  # every rank's every report arrived
     assert f"{h1}: ranks 0-1; {h2}: ranks 2-3" in status["stdout"], status["stdout"]
     assert result["hosts"] == {h1: [0, 1], h2: [2, 3]}

@@ -36,10 +36,12 @@ class Receiver:
         if isinstance(gathered, InSegment):
             buffers = self.segments.views(rank, gathered.path, gathered.lease, gathered.offsets, sizes)
         elif buffers:
-            # the frames are zmq's memory: copy into numpy arrays the values can own
+            # zmq's frames are zmq's memory: copied into arrays the values can own; a message opened from sealed
+            # chunks (wire/bulk.py) is already in arrays of its own, which the values keep as they are
             import numpy as np
 
-            buffers = [np.frombuffer(buffer, dtype=np.uint8).copy() for buffer in buffers]
+            buffers = [buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8).copy()
+                       for buffer in buffers]
         out, position = {}, 0
         for name, item in items.items():
             if isinstance(item, Unsent):

@@ -100,9 +100,10 @@ class MPIMagics(Magics):
     refresh_interval = Float(0.25, config=True, help="Seconds between redraws of the live metric charts at most.")
     max_points = Integer(1000, config=True, help="Points drawn per curve at most (the history keeps every value).")
     gather_transport = Enum(["auto", "shm", "mpi", "frames"], "auto", config=True,
-                            help="How --gather moves values: auto (shm when the ranks share the notebook's host, "
-                                 "else mpi when the cell runs on every rank, else frames), shm (shared memory), "
-                                 "mpi (an MPI gather to one rank, then one message), frames (each rank sends).")
+                            help="How --gather moves values: auto (shm when the ranks share the notebook's host; "
+                                 "mpi when some do and the cell runs on every rank; else frames), shm (shared "
+                                 "memory), mpi (an MPI gather to a rank on the notebook's host, then one message), "
+                                 "frames (each rank sends its own).")
     live_view = Enum(["auto", "widgets", "text", "off"], "auto", config=True,
                      help="How mpinb.report() values show while a cell runs: auto (widgets in a notebook, text in "
                           "a terminal), widgets, text, or off (only kept for mpinb.metrics()).")
