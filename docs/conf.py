@@ -2,10 +2,12 @@
 is built (a failing cell fails the build), with the images and tables mpinb leaves in each cell's output."""
 
 import shutil
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE / "_ext"))
 
 # The tutorials live in notebooks/ (where `make lab` opens them); the site builds from a copy, made fresh each time.
 TUTORIALS = HERE / "tutorials"
@@ -19,7 +21,7 @@ for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
 project = "mpinb"
 author = "the mpinb developers"
 copyright = "2026, the mpinb developers"
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "mpinb_reference"]  # mpinb_reference: the API reference, from the code (docs/_ext)
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
@@ -42,6 +44,14 @@ html_title = "mpinb"
 html_theme_options = {"show_toc_level": 2}
 html_context = {"default_mode": "auto"}  # light or dark as the reader's system is (none set logs a console error)
 html_last_updated_fmt = None
+
+# The API reference (reference/): autodoc, autosummary and napoleon, which reads both the numpy sections
+# (Parameters, Returns) and the Google ones (Args:, Raises:) the docstrings use. Names keep their module's
+# path (mpinb.torch.init_process_group), signatures show no type hints the code does not have.
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"
+autosummary_generate = False  # the summary tables link to entries on the same page; no stub pages to keep
+napoleon_use_rtype = False
 
 # linkcheck: the links inside the site (pages, anchors); the web is not reachable from every build machine
 linkcheck_ignore = [r"https?://.*"]

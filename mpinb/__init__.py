@@ -8,6 +8,7 @@ import os as _os
 
 from .rank.report import report
 
+#: mpinb's version, as ``pip show mpinb`` gives it.
 __version__ = "0.1.0"
 __all__ = ["__version__", "load_ipython_extension", "metrics", "read_metrics", "report",
            "trace", "unload_ipython_extension", "view"]

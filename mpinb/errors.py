@@ -28,7 +28,9 @@ class RankError(MpinbError):
     whose death ended the others) is shown first.
     """
 
-    SECONDARY = ("Timeout", "Aborted", "KeyboardInterrupt", RankLost.__name__)  # shown after the real exceptions
+    #: Failures listed after the others: ranks that timed out, were aborted, interrupted or lost, usually because of
+    #: another rank's failure.
+    SECONDARY = ("Timeout", "Aborted", "KeyboardInterrupt", RankLost.__name__)
 
     def __init__(self, failures, ranks, notes=(), *, what="failed", first=None):
         self.what, self.first = what, first
@@ -48,6 +50,8 @@ class RankError(MpinbError):
                                                           group[1]["ename"] in self.SECONDARY))
 
     def summary(self):
+        """The error's message: what happened (``cell failed on rank 1; rank 0 finished it``), then a line for
+        each group of identical failures (``ranks 0-3: ZeroDivisionError: division by zero``), then the notes."""
         failed = list(self.failures)
         finished = [rank for rank in self.ranks if rank not in self.failures]
         if not finished:

@@ -44,10 +44,12 @@ def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
             different values is an error).
         comm (mpi4py.MPI.Comm or None, default None): the ranks taking part; ``None`` means ``MPI.COMM_WORLD``.
 
-    Raises (on every rank, so none is left waiting in a collective):
+    Raises:
         TypeError: *params* on some rank is none of the above; the message says which entry and what to pass.
         ValueError: ranks hold different names, shapes or dtypes (named, with the ranks), pass different roots,
             or the root is not a rank of *comm*.
+
+    Either is raised on every rank, so none is left waiting in a collective.
 
     Tensors travel with buffer-based ``Bcast`` in flat buckets of up to 64 MB per dtype, not pickled.
 
@@ -90,10 +92,12 @@ def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=Non
         root_rank (int or None, default None): Horovod's name for *root*; give one or the other.
         comm (mpi4py.MPI.Comm or None, default None): the ranks taking part; ``None`` means ``MPI.COMM_WORLD``.
 
-    Raises (on every rank):
+    Raises:
         TypeError: *optimizer* is not a ``torch.optim.Optimizer`` on some rank, or root's state cannot be pickled.
         ValueError: ranks hold different optimizers or parameters (named, with the ranks), pass different roots,
             or the root is not a rank of *comm*.
+
+    Either is raised on every rank, so none is left waiting in a collective.
 
     The state's tensors travel with buffer-based ``Bcast`` in flat buckets; the rest of the ``state_dict``
     (hyperparameters, numbers kept as Python objects) is pickled once, with placeholders for the tensors.
@@ -132,14 +136,30 @@ def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=Non
 
 
 def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, comm=None):
-    """Sum (or average) every gradient across ranks, in place.
+    """Sum (or average) every gradient across ranks, in place. Collective over *comm*: call it after
+    ``backward()`` on every rank.
 
     Small gradients are fused: copied into one flat buffer per bucket of up to *bucket_mb* MB and dtype,
-    reduced, and copied back. Gradients of :data:`IN_PLACE_BYTES` or more are reduced where they are, with no
-    copy. Every ``Allreduce`` goes in pieces of :data:`CHUNK_BYTES` (MPICH reduces 2–4 MB pieces twice as fast
+    reduced, and copied back. Gradients of 1 MB or more (``IN_PLACE_BYTES``) are reduced where they are, with no
+    copy. Every ``Allreduce`` goes in pieces of 2 MB (``CHUNK_BYTES``: MPICH reduces 2–4 MB pieces twice as fast
     as one 46 MB message here). ``compression="fp16"`` halves the bytes on the wire (values are pre-divided by
     the size when averaging, so the fp16 sum does not overflow). Parameters without a gradient on every rank
     are skipped; one with a gradient on some ranks only is an error naming it and the ranks.
+
+    Args:
+        model (torch.nn.Module or iterable): whose gradients to reduce: a module (its parameters that require
+            grad), or an iterable of tensors or of ``(name, tensor)`` pairs such as ``model.named_parameters()``.
+        average (bool, default True): divide the sum by the number of ranks; ``False`` leaves the sum.
+        bucket_mb (int, default 25): the most megabytes of gradients fused into one buffer.
+        compression (str or None, default None): ``"fp16"`` sends the gradients as 16-bit floats; ``None`` (or
+            ``"none"``) in their own dtype.
+        comm (mpi4py.MPI.Comm or None, default None): the ranks taking part; ``None`` means ``MPI.COMM_WORLD``.
+
+    Example::
+
+        loss.backward()
+        mt.allreduce_gradients(model)      # every rank now holds the average gradient
+        opt.step()
     """
     comm = _world(comm)
     replicas.watch(model)
@@ -171,6 +191,22 @@ class GradientAllreducer:
     averages, and writes the results into ``.grad``. Buckets start in the same order on every rank. If a rank
     lacks a gradient others have, every bucket is still completed (with zeros) before the error is raised on
     every rank, so the world stays usable.
+
+    Collective over *comm*: every rank creates one, for the same parameters.
+
+    Args:
+        model (torch.nn.Module or iterable): whose gradients to reduce, as for :func:`allreduce_gradients`.
+        average (bool, default True): divide the sum by the number of ranks; ``False`` leaves the sum.
+        bucket_mb (int, default 25): the most megabytes of gradients fused into one bucket.
+        compression (str or None, default None): ``"fp16"`` sends the gradients as 16-bit floats.
+        comm (mpi4py.MPI.Comm or None, default None): the ranks taking part; ``None`` means ``MPI.COMM_WORLD``.
+
+    Example::
+
+        reducer = mt.GradientAllreducer(model)
+        loss.backward()                    # buckets start reducing as their gradients are ready
+        reducer.synchronize()              # every rank now holds the average gradient
+        opt.step()
     """
 
     def __init__(self, model, average=True, bucket_mb=25, *, compression=None, comm=None):
@@ -240,6 +276,8 @@ class GradientAllreducer:
         self._reset()
 
     def remove(self):
+        """Take the backward hooks off the parameters and free the reducer's communicator (collective over
+        *comm*). Gradients are no longer reduced during backward; the reducer is not used again."""
         for hook in self.hooks:
             hook.remove()
         self.check.Free()
@@ -250,6 +288,16 @@ class DistributedOptimizer:
 
     With ``overlap=True`` the reduction runs during backward (:class:`GradientAllreducer`). Everything else
     (``zero_grad``, ``param_groups``, ``state_dict``...) is the wrapped optimizer's.
+
+    Args:
+        optimizer (torch.optim.Optimizer): the optimizer to step, over *model*'s parameters.
+        model (torch.nn.Module or iterable): whose gradients are reduced, as for :func:`allreduce_gradients`.
+        average (bool, default True): divide the sum by the number of ranks; ``False`` leaves the sum.
+        bucket_mb (int, default 25): the most megabytes of gradients fused into one bucket.
+        compression (str or None, default None): ``"fp16"`` sends the gradients as 16-bit floats.
+        overlap (bool, default False): reduce during backward (a :class:`GradientAllreducer` made now, so every
+            rank must create the optimizer) instead of at ``step()``.
+        comm (mpi4py.MPI.Comm or None, default None): the ranks taking part; ``None`` means ``MPI.COMM_WORLD``.
 
     Example::
 
@@ -265,6 +313,8 @@ class DistributedOptimizer:
         self.reducer = GradientAllreducer(model, **self.options) if overlap else None
 
     def step(self, closure=None):
+        """Average (or sum) the gradients across ranks, then step the wrapped optimizer with *closure* and return
+        what it returns. Collective over *comm*: every rank calls it after ``backward()``."""
         if self.reducer is not None:
             self.reducer.synchronize()
         else:
