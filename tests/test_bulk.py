@@ -66,3 +66,27 @@ def test_a_whole_message_replayed_is_refused_by_its_number():
     whole, rejected = opened(first + second + first)
     assert [bytes(parts[1]) for parts in whole] == [b"one" * 1000, b"two" * 1000]
     assert rejected["replayed"] == 1
+
+
+def test_a_forged_first_chunk_naming_huge_parts_is_refused_before_anything_is_made_for_it():
+    """The parts' lengths come in the chunk's plain prefix: believed only once the chunk opens."""
+    chunks = sealed([HEAD, b"x" * 100])
+    sender, _, rest = chunks[0][0].partition(b"\0")
+    forged = sender + b"\0" + rest[:16] + (1 << 62).to_bytes(8, "little") * 2  # two parts of 4 EiB each
+    opener = bulk.Opener(KEY, Counter())
+    assert opener.feed([forged, chunks[0][1]]) is None
+    assert opener.rejected == Counter(unsigned=1) and not opener.building and not opener.aeads
+    # the sender's real message still opens whole afterwards
+    assert [opener.feed(chunk) for chunk in chunks] == [None, b"rank/1"]
+    assert bytes(opener.take(b"rank/1")[1]) == b"x" * 100
+
+
+def test_a_forged_first_chunk_does_not_drop_the_message_being_opened():
+    data = np.arange(bulk.CHUNK // 2, dtype=np.int64)
+    chunks = sealed([HEAD, data])
+    forged = [chunks[0][0], bytes(len(chunks[0][1]))]  # the real prefix, the sealed bytes zeroed
+    opener = bulk.Opener(KEY, Counter())
+    assert opener.feed(chunks[0]) is None and opener.feed(chunks[1]) is None
+    assert opener.feed(forged) is None and opener.rejected["unsigned"] == 1
+    assert [opener.feed(chunk) for chunk in chunks[2:]] == [None] * (len(chunks) - 3) + [b"rank/1"]
+    assert bytes(opener.take(b"rank/1")[1]) == data.tobytes()

@@ -100,21 +100,10 @@ class Opener:
             self.rejected["malformed"] += 1
             return None
         number, index, count = _PREFIX.unpack_from(rest)
-        aead = self.aeads.get(sender) or self.aeads.setdefault(sender, AESGCM(_key(self.key, sender)))
-        building = self.building.get(sender)
+        aead = self.aeads.get(sender) or AESGCM(_key(self.key, sender))  # kept once a chunk of its opens
         if index == 0:
-            if number <= self.last.get(sender, 0):
-                self.rejected["replayed"] += 1
-                return None
-            sizes = rest[_PREFIX.size:]
-            if len(sizes) % 8 or not sizes:
-                self.rejected["malformed"] += 1
-                return None
-            lengths = struct.unpack(f"<{len(sizes) // 8}Q", sizes)
-            # not zero-filled first (bytearray would be): every byte is written by decrypt_into, and the parts
-            # become the gathered values themselves (notebook/gather.py does not copy memory it owns)
-            parts = [np.empty(length, dtype=np.uint8) for length in lengths]
-            building = self.building[sender] = (number, parts, list(_chunks([memoryview(p) for p in parts])), 0)
+            return self._first(sender, aead, prefix, rest, sealed, number, count)
+        building = self.building.get(sender)
         if building is None or building[0] != number or building[3] != index or len(building[2]) != count:
             self.rejected["unsigned"] += 1
             self.building.pop(sender, None)
@@ -129,10 +118,44 @@ class Opener:
             self.rejected["unsigned"] += 1
             self.building.pop(sender, None)
             return None
-        if index + 1 < count:
+        return self._next(sender, number, parts, chunks, index)
+
+    def _first(self, sender, aead, prefix, rest, sealed, number, count):
+        """A message's first chunk: opened before anything is made for the message, since the parts' lengths it
+        names are only to be believed once it opens."""
+        if number <= self.last.get(sender, 0):
+            self.rejected["replayed"] += 1
+            return None
+        sizes = rest[_PREFIX.size:]
+        if len(sizes) % 8 or not sizes or len(sealed) < TAG:
+            self.rejected["malformed"] += 1
+            return None
+        opened = np.empty(len(sealed) - TAG, dtype=np.uint8)
+        try:
+            aead.decrypt_into(_nonce(number, 0), sealed, prefix, opened)
+        except InvalidTag:
+            self.rejected["unsigned"] += 1
+            return None
+        self.aeads[sender] = aead
+        self.building.pop(sender, None)  # a message of the sender's cut short by this one is dropped
+        lengths = struct.unpack(f"<{len(sizes) // 8}Q", sizes)
+        # not zero-filled first (bytearray would be): decrypt_into writes every byte, and the parts become the
+        # gathered values themselves (notebook/gather.py does not copy memory it owns)
+        parts = [np.empty(length, dtype=np.uint8) for length in lengths]
+        chunks = list(_chunks([memoryview(part) for part in parts]))
+        i, start, end = chunks[0]
+        if len(chunks) != count or end - start != opened.nbytes:
+            self.rejected["malformed"] += 1  # sealed by a sender with the key: a bug, not an attack
+            return None
+        parts[i][start:end] = opened
+        return self._next(sender, number, parts, chunks, 0)
+
+    def _next(self, sender, number, parts, chunks, index):
+        """After chunk *index* of a message opened: the sender when it was the last, else ``None``."""
+        if index + 1 < len(chunks):
             self.building[sender] = (number, parts, chunks, index + 1)
             return None
-        del self.building[sender]
+        self.building.pop(sender, None)
         self.last[sender] = number
         self.done.setdefault(sender, []).append(parts)
         return sender
