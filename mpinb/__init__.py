@@ -21,7 +21,8 @@ def metrics(run=None):
     rank reported it), sorted by run, rank and step. Nothing is decimated: every reported value is here.
     *run* keeps one run only. A cell that reports into a run again from a step the run already passed (a re-run
     of the training cell) starts a run of its own, named ``"main #2"`` and so on; a cell that goes on counting
-    steps continues the run. Call it in the notebook, after ``%load_ext mpinb``.
+    steps continues the run. Call it in the notebook, after ``%load_ext mpinb`` (elsewhere it raises
+    ``RuntimeError``; under plain mpiexec, :func:`read_metrics` reads what the ranks wrote).
     """
     return _magics("mpinb.metrics() reads the notebook's copy of what ranks reported: call it in the notebook "
                    "after %load_ext mpinb (on a rank, mpinb.report() is what sends values)").history.to_frame(run)
@@ -32,7 +33,8 @@ def view():
 
     For ipyparallel's own tools on mpinb's ranks: ``mpinb.view().scatter("a", range(8))``,
     ``.push``, ``.pull``, ``.apply``; ``%mpi view`` makes it the view ``%px`` and ``%%px`` run on. Names are
-    shared with ``%%mpi`` cells (one namespace per rank). Call it in the notebook after ``%load_ext mpinb``.
+    shared with ``%%mpi`` cells (one namespace per rank). Call it in the notebook after ``%load_ext mpinb``
+    (elsewhere it raises ``RuntimeError``), with a world running (else a ``UsageError`` says how to start one).
     """
     return _magics("mpinb.view() is for the notebook: call it after %load_ext mpinb").world_view()
 
@@ -41,8 +43,9 @@ def trace():
     """The last ``%%mpi --trace`` cell's MPI calls as a pandas DataFrame, one row per call.
 
     Columns: ``rank, op, comm, peer, bytes, start, end, seq`` (and ``kind, sent, received, detail``); ``start``
-    and ``end`` are seconds from the first call, ``seq`` the collective's number on its communicator.
-    ``.to_chrome("cell.json")`` writes it for Perfetto or chrome://tracing. Call it in the notebook.
+    and ``end`` are seconds from the first call, ``seq`` the collective's number on its communicator. It is a
+    :class:`~mpinb.notebook.traces.Trace`: ``.to_chrome("cell.json")`` writes it for Perfetto or
+    chrome://tracing. Call it in the notebook; ``RuntimeError`` before the first traced cell, or elsewhere.
     """
     trace = _magics("mpinb.trace() reads the notebook's copy of a traced cell: call it in the notebook after "
                     "%load_ext mpinb; under plain mpiexec set MPINB_TRACE=trace-{rank}.json").last_trace
@@ -63,7 +66,11 @@ def _magics(elsewhere):
 
 
 def read_metrics(pattern):
-    """The JSON lines ranks wrote under plain mpiexec with ``MPINB_METRICS_FILE`` set, as :func:`metrics` gives."""
+    """The JSON lines ranks wrote under plain mpiexec with ``MPINB_METRICS_FILE`` set, as :func:`metrics` gives.
+
+    *pattern* is a glob of their files (``"metrics-*.jsonl"`` for ``MPINB_METRICS_FILE=metrics-{rank}.jsonl``);
+    none matching is a ``FileNotFoundError``. Works anywhere: no notebook, no world.
+    """
     from .notebook.history import read_metrics
 
     return read_metrics(pattern)
