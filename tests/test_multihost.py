@@ -264,6 +264,37 @@ def engines_on(hosts, i):
     return count
 
 
+# on rank 3: a thread that kills the rank once 16 MB more have left it (by /proc/self/io), which is in the middle
+# of its 64 MB reply: the sealed chunks are on their way, the rest never comes
+KILL_MID_SEND = """
+import os, threading, time, numpy as np
+big = np.ones(1 << 24, dtype=np.float32)
+if rank == 3:
+    def written():
+        return int(open('/proc/self/io').read().split('wchar: ')[1].split()[0])
+    def kill_mid_send(start=written()):
+        while written() - start < 16 << 20:
+            time.sleep(0.001)
+        os.kill(os.getpid(), 9)
+    threading.Thread(target=kill_mid_send, daemon=True).start()
+"""
+
+
+def test_a_rank_that_dies_in_the_middle_of_a_large_reply_fails_the_cell_without_waiting_for_the_rest(hosts):
+    """The notebook reads a large reply's sealed chunks as they come, between its other checks: the death is
+    named as any other, not after the bulk socket's silence gives the reply up (no reply counted lost)."""
+    result = drive(hosts, [
+        ["line", "start -n 4"],
+        ["cell", "--gather big --no-inspect", KILL_MID_SEND],
+        ["eval", f"dict({WORLD}.channel.verifier.rejected)"],
+    ])
+    start, killed, rejected = result["steps"]
+    assert start["raised"] is None, start
+    assert killed["raised"] and killed["raised"][0] == "RankError", killed
+    assert killed["raised"][1].splitlines()[1].startswith("rank 3: RankLost: rank 3 died"), killed["raised"][1]
+    assert rejected["value"] == "{}", rejected  # nothing given up as lost, nothing refused
+
+
 WORLD = "get_ipython().magics_manager.registry['MPIMagics'].world"
 SOURCE = "secret_recipe = 'mpinb-source-7f3a9c'\nprint('mpinb-output-' + str(41 * 3))"
 

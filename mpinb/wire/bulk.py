@@ -88,6 +88,10 @@ class Opener:
         waiting = self.done.get(sender)
         return waiting.pop(0) if waiting else None
 
+    def forget(self, sender):
+        """Drop *sender*'s message being opened (given up: it stopped coming)."""
+        self.building.pop(sender, None)
+
     def feed(self, frames):
         """One chunk message; return the sender whose message it completed, or ``None``."""
         if len(frames) != 2:

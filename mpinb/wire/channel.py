@@ -19,7 +19,8 @@ import zmq
 
 from . import bulk, messages
 from .failures import MPIError
-from .kinds import AskStack, Bulk, Cell, CellOptions, Hello, Reply, RollCall, Settle, Stack, Stdin
+from .kinds import (AskStack, Bulk, Cell, CellOptions, Hello, Input, Kept, Metrics, Out, Reply, RollCall, Settle,
+                    Stack, Stdin, TraceSpans)
 
 
 class Channel:
@@ -49,11 +50,17 @@ class Channel:
             self.bulk.setsockopt(zmq.LINGER, 0)
             self.bulk_url = f"tcp://{host}:{self.bulk.bind_to_random_port(f'tcp://{bind}')}"
             self.opener = bulk.Opener(self.key, self.verifier.rejected)
+        # rank -> what came from its outbox after the marker of a large message still being opened: the marker's
+        # place (AWAITED) first, then messages held to keep the rank's order, and maybe more markers
+        self._awaited = {}
+        self._bulk_heard = 0.0  # when the bulk socket last gave a chunk, or a marker was first awaited
         self.cells_url = f"tcp://{host}:{self.cells.bind_to_random_port(f'tcp://{bind}')}"
         self.events_url = f"tcp://{host}:{self.events.bind_to_random_port(f'tcp://{bind}')}"
         self.poller = zmq.Poller()
         self.poller.register(self.cells, zmq.POLLIN)
         self.poller.register(self.events, zmq.POLLIN)
+        if self.bulk is not None:
+            self.poller.register(self.bulk, zmq.POLLIN)
         self._next_cell = 0
         self._held = []  # messages that arrived while :meth:`stacks` waited, for the next receive
         # messages other threads posted to ranks' roll-call threads, sent by the thread that receives (it owns
@@ -183,6 +190,9 @@ class Channel:
             if sock == self._wake_read:
                 self._send_posted()
                 continue
+            if sock is self.bulk:
+                self._read_bulk(messages)
+                continue
             # at most BATCH from a socket per call: ranks that send as fast as the notebook reads (a tight
             # report() loop) must not keep the caller from its checks between calls (a Stop, a deadline)
             for _ in range(BATCH):
@@ -193,32 +203,72 @@ class Channel:
                 if sock is self.cells:
                     frames = frames[1:]  # drop the ROUTER's peer identity
                 unpacked = self.verifier.unpack_with_buffers(frames)
-                if unpacked is not None and isinstance(unpacked[0], Bulk):  # its large message is next
-                    unpacked = self._take_bulk(unpacked[0].rank)
                 if unpacked is None:
                     continue
-                message, buffers = unpacked
-                if buffers and isinstance(message, Reply):
-                    message.reply.buffers = buffers
-                messages.append(message)
+                message = _with_buffers(*unpacked)
+                if isinstance(message, Bulk):  # its large message comes on the bulk socket, in its place here
+                    self._await(message.rank, messages)
+                elif isinstance(message, _IN_ORDER) and message.rank in self._awaited:
+                    self._awaited[message.rank].append(message)
+                else:
+                    messages.append(message)
+        if self._awaited and time.monotonic() - self._bulk_heard > BULK_WAIT:
+            self._give_up_bulk(messages)
         return messages
 
-    def _take_bulk(self, rank):
-        """``(message, buffers)`` of *rank*'s large message announced on the channel, opened as its chunks arrive on
-        the bulk socket (other ranks' chunks meanwhile are kept); ``None`` when it did not come whole within
-        ``BULK_WAIT`` seconds of silence, or did not open."""
-        if self.opener is None:  # no bulk socket here (the channel is on loopback): nothing to take
+    def _await(self, rank, messages):
+        """*rank*'s large message goes next in its order: now if it has opened already, else when it does (what
+        the rank sends meanwhile is held behind it)."""
+        if self.opener is None:  # no bulk socket here (the channel is on loopback): nothing can come
             self.verifier.rejected["malformed"] += 1
-            return None
-        sender = f"rank/{rank}".encode()
-        while True:
-            frames = self.opener.take(sender)
-            if frames is not None:
-                return self.verifier.unpack_with_buffers(frames)
-            if not self.bulk.poll(int(BULK_WAIT * 1000)):
-                self.verifier.rejected["lost"] += 1
-                return None
-            self.opener.feed(self.bulk.recv_multipart(copy=False))
+            return
+        if rank in self._awaited:
+            self._awaited[rank].append(AWAITED)
+            return
+        self._awaited[rank] = collections.deque([AWAITED])
+        self._bulk_heard = max(self._bulk_heard, time.monotonic())
+        self._deliver(rank, messages)
+
+    def _read_bulk(self, messages):
+        """Chunks ready on the bulk socket (at most BATCH): each large message they complete, with what its rank
+        sent after it, once its marker came. Never waits: a rank that dies mid-message is for the caller's checks
+        to notice."""
+        for _ in range(BATCH):
+            try:
+                frames = self.bulk.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._bulk_heard = time.monotonic()
+            sender = self.opener.feed(frames)
+            if sender is not None:
+                rank = int(sender.removeprefix(b"rank/"))
+                if rank in self._awaited:
+                    self._deliver(rank, messages)
+
+    def _deliver(self, rank, messages):
+        """Move *rank*'s awaited messages to *messages* for as long as each large one among them has opened."""
+        queue = self._awaited[rank]
+        while queue:
+            if queue[0] is AWAITED:
+                frames = self.opener.take(f"rank/{rank}".encode())
+                if frames is None:
+                    return
+                queue.popleft()
+                unpacked = self.verifier.unpack_with_buffers(frames)
+                if unpacked is not None:
+                    messages.append(_with_buffers(*unpacked))
+            else:
+                messages.append(queue.popleft())
+        del self._awaited[rank]
+
+    def _give_up_bulk(self, messages):
+        """``BULK_WAIT`` seconds without a chunk while large messages were awaited: they are lost (their ranks died
+        mid-message, or what came did not open); what their ranks sent after them is delivered."""
+        for rank, queue in list(self._awaited.items()):
+            self.verifier.rejected["lost"] += sum(1 for entry in queue if entry is AWAITED)
+            messages.extend(entry for entry in queue if entry is not AWAITED)
+            self.opener.forget(f"rank/{rank}".encode())
+        self._awaited.clear()
 
     def close(self):
         self.cells.close()
@@ -232,6 +282,15 @@ class Channel:
 
 BATCH = 64  # messages read from one socket per receive() at most
 BULK_WAIT = 10.0  # seconds without a chunk after which an announced large message is given up (its rank died)
+AWAITED = object()  # a large message's place among its rank's messages
+_IN_ORDER = (Out, Metrics, TraceSpans, Input, Reply, Kept)  # what a rank's outbox sends, in one order
+
+
+def _with_buffers(message, buffers):
+    """*message*, a reply carrying the raw *buffers* it came with (a gather sent as frames) as ``reply.buffers``."""
+    if buffers and isinstance(message, Reply):
+        message.reply.buffers = buffers
+    return message
 
 
 def _addresses(ip):
