@@ -37,7 +37,7 @@ CODE = re.compile(
     r"``?(?P<quoted>[^`]+)``?"  # Markdown's and reST's backticks
     r"|(?P<code>\[['\"][^\]]*\]"  # a Python list: ['--gres=gpu:1']
     r"|%%?mpi(?: (?:start|stop|restart|status|output|metrics|grads|view|trace|who|debug|inject))?(?![\w-])"
-    r"|(?<![\w-])--?[A-Za-z][\w-]*"  # an option: -n, --timeout
+    r"|(?<![\w-])--?[A-Za-z][\w-]*(?:=[^\s,;)]+)?"  # an option: -n, --timeout, --scheduler-arg=--gres=gpu:1
     r"|\b[\w.]+\(\)"  # a call: mpinb.report()
     r"|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b"  # an environment variable: OMP_NUM_THREADS
     r"|MPIMagics\.\w+)"  # a setting
@@ -183,6 +183,14 @@ class MagicsDirective(SphinxDirective):
         line = arguments.line_parser()
         commands = line._subparsers._group_actions[0]
         helps = {action.dest: action.help for action in commands._choices_actions}
+        whole = section(self, "%mpi", "line-magic", "magic")
+        whole += paragraph(line.description or "")
+        whole += paragraph("One subcommand per action: " + ", ".join(f"%mpi {name}" for name in commands.choices)
+                           + ". The world stops with the kernel.")
+        examples = docstring_parts(MPIMagics.mpi)[1]
+        if examples:
+            whole += literal_block(examples)
+        out.append(whole)
         for name, parser in commands.choices.items():
             prog = f"%mpi {name}"
             node = section(self, prog, f"mpi-{name}", "magic")
@@ -194,7 +202,7 @@ class MagicsDirective(SphinxDirective):
             table_node = options(self, prog, parser)
             if table_node is not None:
                 node += table_node
-            out.append(node)
+            whole += node
         return out
 
     def parse_rst(self, text):
