@@ -1,16 +1,18 @@
-"""The reference pages' parts that come from the code, so they cannot drift from it.
+"""The reference pages' parts that come from the code, so they cannot drift from it. Directives for reST pages
+(docs/reference/*.rst: autodoc's output and the docstrings are reST, which a MyST page would read as Markdown):
 
-- ``{mpinb-magics}``: ``%%mpi`` and every ``%mpi`` subcommand, read from the argparse parsers the magics parse
-  with (``mpinb/notebook/arguments.py``): usage, what each does, each option with its default.
-- ``{mpinb-settings}``: every ``%config MPIMagics.<setting>``, read from ``MPIMagics.class_traits(config=True)``:
-  type, default and its ``help=``.
-- ``{mpinb-module} NAME``: a module's public API, every name of its ``__all__``, with autosummary's table and
+- ``.. mpinb-magics::``: ``%%mpi``, ``%mpi`` and each of its subcommands, read from the argparse parsers the
+  magics parse with (``mpinb/notebook/arguments.py``): usage, what each does, each option and its default.
+- ``.. mpinb-settings::``: every ``%config MPIMagics.<setting>``, read from ``MPIMagics.class_traits(config=True)``:
+  type, default and ``help=``.
+- ``.. mpinb-module:: NAME``: a module's public API, every name of its ``__all__``, in autosummary's table and
   autodoc's entries (napoleon reads their numpy and Google sections).
-- ``{magic}`%mpi start``` and ``{setting}`default_ranks``` link to those entries; one that names nothing is a
-  warning.
 
-Whatever users read without a text fails the build (a warning, and ``sphinx -W`` fails on it): a public name
-autodoc documents with no docstring, a setting with an empty ``help=``, a magic's option without help.
+Roles for any page: ``{magic}`%mpi start``` and ``{setting}`default_ranks``` (MyST) link to those entries; one
+that names nothing is a warning.
+
+What users would read without a text fails the build (a warning, and ``sphinx -W`` fails on it), named: a public
+name autodoc documents with no docstring, a setting with an empty ``help=``, a magic or option without help.
 """
 
 import argparse
@@ -206,6 +208,7 @@ class MagicsDirective(SphinxDirective):
         return out
 
     def parse_rst(self, text):
+        """The nodes of *text*, a docstring's reST."""
         container = nodes.container()
         nested_parse_with_titles(self.state, StringList(text.splitlines(), source="MPIMagics.mpi_cell"), container)
         return container.children
