@@ -14,7 +14,14 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
 
-pytestmark = [pytest.mark.notebook, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
+TUTORIALS = sorted(path.name for path in NOTEBOOKS.glob("0[1-7]_*.ipynb"))
+
+
+def runs_a_kernel(test):
+    """The marks of a test that executes a notebook: a real kernel and a real world."""
+    for mark in (pytest.mark.notebook, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)):
+        test = mark(test)
+    return test
 
 
 def execute(name):
@@ -63,6 +70,7 @@ def assert_static(notebook):
             assert any("image/png" in o.get("data", {}) for o in cell.outputs), cell.source[:80]
 
 
+@runs_a_kernel
 def test_quickstart():
     notebook = execute("00_quickstart.ipynb")
     cells = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
@@ -85,6 +93,7 @@ def test_quickstart():
     assert "stopped" in stop
 
 
+@runs_a_kernel
 def test_01_mpi_basics():
     notebook = execute("01_mpi_basics.ipynb")
     cells = [text_of(cell) for cell in notebook.cells if cell.cell_type == "code" and not cell.source.startswith(
@@ -103,6 +112,7 @@ def test_01_mpi_basics():
     assert "stopped" in text
 
 
+@runs_a_kernel
 def test_02_ring_allreduce():
     notebook = execute("02_collectives_and_ring_allreduce.ipynb")
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
@@ -113,51 +123,80 @@ def test_02_ring_allreduce():
     assert [float(row[0]) for row in rows] == [0.0625, 1.0, 8.0, 32.0]
     assert all(float(value) > 0 for row in rows for value in row[1:])
     figures = [cell for cell in code if any("image/png" in o.get("data", {}) for o in cell.outputs)]
-    assert len(figures) == 2  # the ring's steps, and the measured times against the bound
+    assert len(figures) == 1  # the measured times against the bound (the ring's steps are a drawing)
     assert all(f"[rank {r}] ring_allgather is right on this rank" in cells[-2] for r in range(4))
     assert "solution" in code[-3].metadata.tags and "hide-cell" in code[-3].metadata.tags
     assert "stopped" in cells[-1]
 
 
-EXERCISES = {  # tutorial -> (a line of its check cell, what the check says when the exercise is left undone)
-    "00_quickstart.ipynb": ("everyone = comm.allgather(mean_value)", "the ranks hold [0, 10]; comm.allreduce(value) "
-                                                                     "sums value over all ranks"),
-    "01_mpi_basics.ipynb": ("got = my_bcast(", "with root 0, rank 1 holds [1.0, 1.0, 1.0] instead of the root's "
-                                                "[0.0, 0.0, 0.0]"),
-    "02_collectives_and_ring_allreduce.ipynb": ("piece = 10.0 * rank", "are wrong on rank 0: rank 1's block is"),
-    "05_communication_cost.ipynb": ("cases = [", "is each bucket's start the later of its last gradient and the "
-                                                  "previous allreduce's end?"),
-    "03_data_parallel_training.ipynb": ("own = gradients(model)", "they are this rank's own gradients: nothing was "
-                                                                     "exchanged with the other ranks"),
-    "04_debugging.ipynb": ("update = sgd_step(w, comm) - w", "the update is 2.0x the single-process one on rank 0: "
-                                                               "were the gradients summed but not averaged?"),
-    "06_model_and_hybrid_parallel.ipynb": ("got = {\"data\": data.allgather(rank)",
-                                           "rank 0's data communicator holds ranks [0, 1, 2, 3]; it should hold the "
-                                           "ranks with the same stage: [0, 2]"),
-    "07_debugging_ddp.ipynb": ("average_batchnorm_statistics(bn)", "running_var on rank 0 is still this rank's "
-                                                                  "own, not the mean over the ranks"),
+EXERCISES = {  # tutorial -> [(a line of its check cell, what the check says when the exercise is left undone)]
+    "00_quickstart.ipynb": [("everyone = comm.allgather(mean_value)",
+                             "the ranks hold [0, 10]; comm.allreduce(value) sums value over all ranks")],
+    "01_mpi_basics.ipynb": [("got = my_bcast(",
+                             "with root 0, rank 1 holds [1.0, 1.0, 1.0] instead of the root's [0.0, 0.0, 0.0]")],
+    "02_collectives_and_ring_allreduce.ipynb": [("piece = 10.0 * rank", "are wrong on rank 0: rank 1's block is")],
+    "05_communication_cost.ipynb": [("cases = [", "is each bucket's start the later of its last gradient and the "
+                                                  "previous allreduce's end?")],
+    "03_data_parallel_training.ipynb": [("own = gradients(model)", "they are this rank's own gradients: nothing was "
+                                                                   "exchanged with the other ranks")],
+    "04_debugging.ipynb": [("update = sgd_step(w, comm) - w",
+                            "the update is 2.0x the single-process one on rank 0: were the gradients summed but not "
+                            "averaged?"),
+                           ("if straggler != culprit:",  # the straggler %mpi inject planted
+                            "straggler and waited_ms are still None: read the summary")],
+    "06_model_and_hybrid_parallel.ipynb": [("got = {\"data\": data.allgather(rank)",
+                                            "rank 0's data communicator holds ranks [0, 1, 2, 3]; it should hold the "
+                                            "ranks with the same stage: [0, 2]")],
+    "07_debugging_ddp.ipynb": [("average_batchnorm_statistics(bn)",
+                                "running_var on rank 0 is still this rank's own, not the mean over the ranks")],
 }
 
 
+IMAGE = re.compile(r"!\[[^\]]*\]\(\.\./(docs/images/[^)]+)\)")
+
+
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_a_tutorial_explains_itself_and_ends_with_a_checked_exercise(name):
+    """Read, not run: each of 01-07 has at least 5,000 characters of explanation, ends with an exercise whose check
+    cell raises what is wrong (the test below runs it left undone), is saved without outputs, and every image it
+    shows exists."""
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    markdown = [cell.source for cell in notebook.cells if cell.cell_type == "markdown"]
+    assert sum(map(len, markdown)) >= 5000, f"{name} explains in {sum(map(len, markdown))} characters of markdown"
+    headings = [(i, line) for i, cell in enumerate(notebook.cells) if cell.cell_type == "markdown"
+                for line in cell.source.splitlines() if line.startswith("## ")]
+    last, heading = headings[-1]
+    assert heading.startswith("## Exercise"), f"{name} ends with {heading!r}"
+    after = [cell for cell in notebook.cells[last + 1:] if cell.cell_type == "code"]
+    assert any("solution" in cell.metadata.get("tags", []) for cell in after)  # folded, run top to bottom
+    checks = [cell for cell in after if "raise AssertionError(" in cell.source]
+    assert checks and any(marker in check.source for check in checks for marker, _ in EXERCISES[name])
+    assert not [cell.source[:40] for cell in notebook.cells if cell.get("outputs")]
+    for image in IMAGE.findall("\n".join(markdown)):
+        assert (NOTEBOOKS.parent / image).is_file(), image
+
+
+@runs_a_kernel
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_an_exercise_left_undone_is_told_what_is_wrong(name):
-    """The tutorial as a reader finds it, run without its folded solutions: the check cell fails and says why."""
-    marker, said = EXERCISES[name]
+    """The tutorial as a reader finds it, run without its folded solutions: each check cell fails and says why."""
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     notebook.cells = [cell for cell in notebook.cells if "solution" not in cell.metadata.get("tags", [])]
     tag = new_world_tag()
     NotebookClient(notebook, timeout=120, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     assert not leftover_ranks(tag)
-    check = next(cell for cell in notebook.cells if marker in cell.source)
-    text = text_of(check)
-    assert "AssertionError" in text and said in text, text
+    checks = [next(cell for cell in notebook.cells if marker in cell.source) for marker, _ in EXERCISES[name]]
+    for check, (_, said) in zip(checks, EXERCISES[name]):
+        text = text_of(check)
+        assert "AssertionError" in text and said in text, text
     errors = [cell.source[:40] for cell in notebook.cells
-              if any(o.output_type == "error" for o in cell.get("outputs", [])) and cell is not check
+              if any(o.output_type == "error" for o in cell.get("outputs", [])) and not any(cell is c for c in checks)
               and "raises-exception" not in cell.metadata.get("tags", [])]
-    assert not errors  # only the check failed
+    assert not errors  # only the checks failed
 
 
+@runs_a_kernel
 def test_03_data_parallel_training():
     notebook = execute("03_data_parallel_training.ipynb")
     code = [c for c in notebook.cells if c.cell_type == "code"]
@@ -186,6 +225,7 @@ def test_03_data_parallel_training():
     assert "stopped" in text_of(code[-1])
 
 
+@runs_a_kernel
 def test_04_debugging():
     notebook = execute("04_debugging.ipynb")
     code = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
@@ -193,7 +233,8 @@ def test_04_debugging():
     assert any("image/png" in o.get("data", {}) for o in figure.outputs)  # the deadlock's wait-for cycle
     cell = {key: text_of(next(c for c in code if key in c.source)) for key in [
         'same_losses("same data"))', 'same_losses("sampler"))', "%%mpi --timeout 3", "comm.sendrecv(",
-        "ctypes.string_at(0)", "comm.allreduce(1)", "update = sgd_step(w, comm) - w", "%mpi stop"]}
+        "ctypes.string_at(0)", "comm.allreduce(1)", "update = sgd_step(w, comm) - w", "%%capture",
+        "%%mpi --trace", "if straggler != culprit:", "%mpi inject clear", "%mpi stop"]}
     widgets = "\n".join(outputs(notebook))  # %mpi grads' static rendering, as the saved notebook keeps it
     assert_static(notebook)
     assert "gradients differ on rank 1: a rank skipped the allreduce?" in widgets
@@ -216,8 +257,17 @@ def test_04_debugging():
                in cell["update = sgd_step(w, comm) - w"] for r in range(2))
     solution = next(c for c in notebook.cells if "solution" in c.metadata.get("tags", []))
     assert "hide-cell" in solution.metadata.tags and solution.source.startswith("%%mpi\n# Solution")
+    # the straggler %mpi inject planted, found in the trace's summary and by the folded solution
+    assert cell["%%capture"] == ""  # what was planted where stays hidden
+    planted = re.search(r"rank (\d) arrived last at 20 of 20 Allreduce calls; the other ranks waited ([\d.]+) ms per "
+                        r"call for it", cell["%%mpi --trace"])
+    assert planted, cell["%%mpi --trace"]
+    answer = re.search(r"right: rank (\d) slept (\d+) ms before each collective", cell["if straggler != culprit:"])
+    assert answer and answer[1] == planted[1] and 0.5 <= float(planted[2]) / float(answer[2]) <= 2
+    assert "removed 1 fault: the ranks run as written" in cell["%mpi inject clear"]
 
 
+@runs_a_kernel
 def test_05_communication_cost():
     notebook = execute("05_communication_cost.ipynb")
     cell = {key: text_of(next(c for c in notebook.cells if c.cell_type == "code" and key in c.source)) for key in [
@@ -241,6 +291,7 @@ def test_05_communication_cost():
     assert "stopped" in cell["%mpi stop"]
 
 
+@runs_a_kernel
 def test_06_model_and_hybrid_parallel():
     notebook = execute("06_model_and_hybrid_parallel.ipynb")
     code = [c for c in notebook.cells if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
@@ -280,6 +331,7 @@ def shown(cell):
     return ANSI.sub("", "\n".join(parts))
 
 
+@runs_a_kernel
 def test_07_debugging_ddp_names_each_bug():
     """Each DDP bug the tutorial plants is named in its own cell's output (the ranks, the collective or the
     parameters, the fix), with no --timeout; each fix runs cleanly; no output shows a frame of
