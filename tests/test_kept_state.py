@@ -90,6 +90,18 @@ def test_a_restart_after_a_death_puts_every_ranks_variables_back(session, how):
     assert values_of_every_rank(session) == RESTORED
 
 
+def test_a_restart_that_fails_to_start_loses_nothing_for_the_next_one(session):
+    """A restart can fail to start (a wrong setting, a port taken, the user's Stop): the world that died is still
+    the one the next start restores."""
+    assert session.run(STATE).status == "ok"
+    crashed(session, CRASHES["kill -9"])
+    stopped = session.run("%mpi restart", stops=(0.5,), after="starting the ipyparallel controller")
+    assert stopped.status == "error" and "interrupted" in stopped.text, stopped.text
+    said = restarted(session)
+    assert "restored every rank's variables" in said, said
+    assert values_of_every_rank(session) == RESTORED
+
+
 def test_a_size_mismatch_the_backend_ends_the_job_over_keeps_the_model_and_names_the_ddp_wrapper(session):
     setup = STATE + ("import mpinb.torch as mt, torch.distributed as dist\nmt.init_process_group()\n"
                      "ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))\n")

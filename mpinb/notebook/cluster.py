@@ -186,6 +186,7 @@ class World:
         except StartInterrupted:
             self._lifecycle.ended = "its start was interrupted"
             raise
+        self.kept_state.came_up()
         self.started_at = time.time()
         self._lifecycle.move(State.IDLE)
         self._lifecycle.ended = None

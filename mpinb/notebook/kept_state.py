@@ -38,13 +38,18 @@ class KeptState:
         self.previous = []  # those of the start before, until it is restored or dropped
         self.sizes = {}  # start -> its number of ranks
         self.taken = {}  # rank -> the last cell of the current start whose snapshot it wrote
+        self._came_up = True  # whether the start of the current generation came up (none yet: nothing pending)
+        self.owed = False  # a restart after a death did not come up: the next restart still restores
 
     def environment(self, size):
         """The ranks' environment for the next start, of *size* ranks: where they keep snapshots (nothing when
-        off)."""
-        self.generation += 1
+        off). A start that follows one that never came up (it failed, or was stopped: a retry) keeps that one's
+        generation, so the world before both is still the one restored."""
+        if self._came_up:
+            self.generation += 1
+            self.previous, self.complete, self.taken = self.complete, [], {}
+        self._came_up = False
         self.sizes[self.generation] = size
-        self.previous, self.complete, self.taken = self.complete, [], {}
         if not self.enabled:
             return {}
         if self.root is None:
@@ -58,6 +63,10 @@ class KeptState:
         if self.lag is not None:
             environment["MPINB_SNAPSHOT_LAG"] = repr(float(self.lag))
         return environment
+
+    def came_up(self):
+        """The start made with the last :meth:`environment` has every rank running."""
+        self._came_up = True
 
     def folder(self, generation):
         return os.path.join(self.root, f"start-{generation}")
@@ -96,12 +105,17 @@ class KeptState:
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
             _roots.discard(root)
+        self.owed = False
+
+    def owe(self):
+        """A restart after a death begins: until it restores (or drops) the world that died, the next one will."""
+        self.owed = True
 
     def drop_previous(self):
         """The world that died is restored, or will not be: its folder goes."""
         if self.root is not None and self.generation > 1:
             shutil.rmtree(self.folder(self.generation - 1), ignore_errors=True)
-        self.previous = []
+        self.previous, self.owed = [], False
 
 
 def restore(world, on_ranks, fresh=False):

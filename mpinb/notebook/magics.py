@@ -348,8 +348,10 @@ class MPIMagics(Magics):
         every rank finished, unless *fresh*."""
         if self.world is None:
             raise UsageError("no MPI world to restart: %mpi start -n N starts one")
-        died = self.world.state is State.DEAD
         world = self.world
+        died = world.state is State.DEAD or world.kept_state.owed  # or a restart after a death was stopped
+        if died:
+            world.kept_state.owe()
         world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
         _timed_start(lambda: world.restart(size=n))
         self.history = History()
