@@ -78,11 +78,14 @@ def describe(buffer):
     size = getattr(buffer, "nbytes", None)
     dtype = getattr(buffer, "dtype", None)
     if size is not None and dtype is not None:  # numpy and friends
-        return getattr(buffer, "size", None), _dtype_name(dtype), int(size)
+        kind = type(buffer)
+        if kind not in ARRAYS and kind.__name__ == "ndarray" and kind.__module__ == "numpy":
+            ARRAYS.add(kind)
+        return getattr(buffer, "size", None), dtype_name(dtype), int(size)
     numel = getattr(buffer, "numel", None)
     if numel is not None and dtype is not None:  # torch
         count = numel()
-        return count, _dtype_name(dtype), count * buffer.element_size()
+        return count, dtype_name(dtype), count * buffer.element_size()
     try:
         view = memoryview(buffer)
     except TypeError:
@@ -171,15 +174,18 @@ def _datatype(datatype):
     return named
 
 
-_DTYPE_NAMES = {}
+# numpy's ndarray, once describe() met one: an array of it is described by three attributes (its size, dtype and
+# nbytes, all plain), which calls.py reads in place, sparing a call of describe() per buffer
+ARRAYS = set()
+DTYPE_NAMES = {}  # dtype -> its name, as dtype_name() gives it
 
 
-def _dtype_name(dtype):
+def dtype_name(dtype):
     """``float64``, ``float32``, ... (``str()`` of a numpy dtype costs microseconds: they are kept)."""
     try:
-        return _DTYPE_NAMES[dtype]
+        return DTYPE_NAMES[dtype]
     except KeyError:
-        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        name = DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
         return name
     except TypeError:  # not hashable
         return str(dtype)

@@ -15,6 +15,8 @@ from ...wire.kinds import PointToPoint
 from .. import faults
 from . import comms, ledger
 from .arguments import (
+    ARRAYS,
+    DTYPE_NAMES,
     KEYWORDS,
     ROOTED,
     SAME_SIZE_IN_PLACE,
@@ -23,6 +25,7 @@ from .arguments import (
     argument,
     collective_arguments,
     describe,
+    dtype_name,
     object_bytes,
     peer_rank,
     peer_text,
@@ -33,15 +36,23 @@ from .comms import adopt, ledger_of, made_counts, world_members
 _state = ledger.state
 _now = ledger.now_ns
 _registry = comms.registry
+_arrays, _dtype_names, mirrored = ARRAYS, DTYPE_NAMES, ledger.mirrored
 
 
-def buffer_collective(base, name, spec_name, spec):
-    """mpi4py's buffer collective *name* (*spec_name*, or its nonblocking ``I`` form), each call in the ledger."""
+def buffer_collective(base, name, spec_name, spec, in_place):
+    """mpi4py's buffer collective *name* (*spec_name*, or its nonblocking ``I`` form), each call in the ledger
+    (*in_place*: ``MPI.IN_PLACE``)."""
     send_at, recv_at, root_at, op_at = spec
     nonblocking, scatter = name != spec_name, spec_name.startswith("Scatter")
     rooted, vector, broadcast = spec_name in ROOTED, spec_name in VECTOR, name in ("Bcast", "Ibcast")
+    same_size, own_receive = spec_name in SAME_SIZE_IN_PLACE, recv_at != send_at
+    # the last call's (ledger, root, count, dtype, signature, mirror fields, op, span detail): a loop calls the
+    # same collective on the same buffers, and then the next call's signature, mirror record and detail are these
+    # (replaced whole, so that another thread's call reads one call's or the other's)
+    last = (None,) * 8
 
     def method(self, *args, **kwargs):
+        nonlocal last
         try:
             info = self._mpinb
         except AttributeError:
@@ -53,28 +64,54 @@ def buffer_collective(base, name, spec_name, spec):
             send = args[send_at] if send_at is not None and send_at < n else None
             receive = args[recv_at] if recv_at is not None and recv_at < n else None
             root = args[root_at] if root_at is not None and root_at < n else None
-        in_place = send is _registry.installed["in_place"]
-        count, dtype, sent = describe(None if in_place else send)
+        spans = _state.spans
+        # describe(send), with numpy's arrays described in place (the common buffer)
+        if send is in_place or send is None:
+            count = dtype = None
+            sent = 0
+        elif type(send) in _arrays:
+            count, sent = send.size, send.nbytes
+            try:
+                dtype = _dtype_names[send.dtype]
+            except KeyError:
+                dtype = dtype_name(send.dtype)
+        else:
+            count, dtype, sent = describe(send)
         received = 0
-        if receive is not None and ((count is None or scatter) or (_state.spans is not None and recv_at != send_at)):
-            count_received, dtype_received, received = describe(receive)
-            if count is None or scatter:  # a scatter's send buffer holds every part
-                count, dtype = count_received, dtype_received
-            if recv_at == send_at:
+        if receive is not None and (count is None or scatter or (spans is not None and own_receive)):
+            if type(receive) in _arrays and count is not None and not scatter:  # its bytes only
+                received = receive.nbytes
+            else:
+                count_received, dtype_received, received = describe(receive)
+                if count is None or scatter:  # a scatter's send buffer holds every part
+                    count, dtype = count_received, dtype_received
+            if not own_receive:
                 received = 0
-        if in_place:
+        if send is in_place:
             sent = received
-            if spec_name not in SAME_SIZE_IN_PLACE:  # the receive buffer holds every rank's part
+            if not same_size:  # the receive buffer holds every rank's part
                 count = None
         if rooted and root is None:
             root = 0
-        signature = (name, root, None if vector else count, dtype)
+        known = last
+        if known[0] is info and known[1] is root and known[2] == count and known[3] is dtype:
+            signature, fields = known[4], known[5]
+        else:
+            signature = (name, root, None if vector else count, dtype)
+            fields = mirrored(info, signature)
+            known = last = (info, root, count, dtype, signature, fields, None, None)
         info.count += 1
         seq = info.count
         info.recent.append((seq, signature))
         detail = ""
-        if _state.spans is not None:  # the op is read for the span only
-            detail = span_detail(count, dtype, argument(args, kwargs, op_at, KEYWORDS["op"]), _registry.installed)
+        if spans is not None:  # the op is read for the span only
+            op = args[op_at] if op_at is not None and op_at < len(args) else \
+                argument(args, kwargs, op_at, KEYWORDS["op"])
+            if known[6] is op and known[7] is not None:
+                detail = known[7]
+            else:
+                detail = span_detail(count, dtype, op, _registry.installed)
+                last = known[:6] + (op, detail)
             if broadcast and root != self.Get_rank():
                 sent, received = 0, sent
         if nonblocking:
@@ -83,7 +120,7 @@ def buffer_collective(base, name, spec_name, spec):
         if faults.active:  # %mpi inject planted one on this rank
             faults.before()
         start = _now()
-        _state.enter(info, seq, signature, start)
+        _state.enter(info, seq, signature, start, fields)
         done = False
         try:
             value = base(self, *args, **kwargs)
@@ -95,9 +132,11 @@ def buffer_collective(base, name, spec_name, spec):
             end = _now()
             _state.leave(done)
             _state.comm_ns += end - start
-            if _state.spans is not None:
-                record_span(name, info.name, root, sent, received, start, end, seq,
-                            "collective" if _checking is None else "mpinb", detail)
+            spans = _state.spans
+            if spans is not None:  # record_span, in place
+                spans.append((name, info.name, root, sent, received, start, end, seq,
+                              "collective" if _checking is None else "mpinb", detail))
+                _state.recorded += 1
 
     return named_like(method, name, base)
 

@@ -104,7 +104,7 @@ def _traced_class(MPI, base):
     for name, spec in BUFFER_COLLECTIVES.items():
         for variant in (name, "I" + name[0].lower() + name[1:]):
             if hasattr(base, variant):
-                namespace[variant] = buffer_collective(getattr(base, variant), variant, name, spec)
+                namespace[variant] = buffer_collective(getattr(base, variant), variant, name, spec, MPI.IN_PLACE)
     for name, spec in OBJECT_COLLECTIVES.items():
         if hasattr(base, name):
             namespace[name] = object_collective(getattr(base, name), name, spec)

@@ -70,14 +70,15 @@ class State:
         finally:
             os.close(fd)
 
-    def enter(self, ledger, seq, signature, start):
-        """The main thread waits in collective *seq* of *ledger* from *start* (ns) on."""
+    def enter(self, ledger, seq, signature, start, fields=None):
+        """The main thread waits in collective *seq* of *ledger* from *start* (ns) on. *fields*: what
+        :func:`mirrored` gave for *ledger* and *signature*, kept by a caller that enters the same kind of collective
+        again and again (``calls.py``), or ``None``."""
         self.current = (ledger, seq, signature, start)
         mirror = self.mirror
         if mirror is not None:  # one write (the reader looks only at ranks that have waited a second in it)
-            op, root, count, dtype = signature
-            MIRROR.pack_into(mirror, 0, 0, 1, seq, -1 if root is None else root, -1 if count is None else count,
-                             start, encode(op), encode(dtype), ledger.encoded)
+            root, count, op, dtype, comm = mirrored(ledger, signature) if fields is None else fields
+            MIRROR.pack_into(mirror, 0, 0, 1, seq, root, count, start, op, dtype, comm)
 
     def launched(self, ledger, seq, signature, start, work):
         """Asynchronous collective *seq* of *ledger* was launched at *start* (ns); *work* says when it is complete
@@ -179,6 +180,13 @@ class State:
         except Exception:  # noqa: BLE001 - a call mid-way (arguments changing): say nothing rather than fail
             p2p = None
         return WhereAnswer(waiting, ledgers, p2p, tuple(main_frames(self.main)))
+
+
+def mirrored(ledger, signature):
+    """What the mirror file says of collective *signature* on *ledger* but its seq and start: ``(root, count, op,
+    dtype, comm)`` as the record holds them."""
+    op, root, count, dtype = signature
+    return -1 if root is None else root, -1 if count is None else count, encode(op), encode(dtype), ledger.encoded
 
 
 def main_frames(ident):
