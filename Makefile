@@ -13,8 +13,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 LABSTAMP := $(VENV)/.lab-stamp
-# The CPU build; an unpinned torch pulls gigabytes of CUDA packages.
-TORCH  := torch==2.13.0
+# The CPU build, from PyTorch's CPU index (or a local wheel of it): PyPI's torch==2.13.0 for Linux x86-64 is the
+# CUDA build, which pulls gigabytes of CUDA packages. Installed on its own first, so that its index is only
+# searched for torch; the extras' unpinned torch is then already satisfied.
+TORCH  := torch==2.13.0+cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Debian's Chromium for the JupyterLab browser test (Playwright's own browser download does not work everywhere)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -25,11 +28,12 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(LABSTAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,torch]"
+	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX) "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[mpich,torch]"
 	touch $@
 
 $(STAMP): $(LABSTAMP)
-	$(PY) -m pip install --quiet "$(TORCH)" -e ".[mpich,torch,dev,docs]"
+	$(PY) -m pip install --quiet -e ".[mpich,torch,dev,docs]"
 	touch $@
 
 # JupyterLab refuses to run as root unless told; as a user it needs nothing
