@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -238,15 +240,17 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
         client.wait_for_ready(timeout=60)
         reply = client.execute_interactive(
             "%load_ext mpinb\n%mpi start -n 2\nimport json\n"
-            "print('PIDS', json.dumps([p.pid for p in get_ipython().magics_manager.registry['MPIMagics']"
-            ".world.processes]))", timeout=120, output_hook=lambda msg: outputs.append(msg))
+            "world = get_ipython().magics_manager.registry['MPIMagics'].world\n"
+            "print('PIDS', json.dumps([p.pid for p in world.processes]))\nprint('KEPT', world.kept_state.root)",
+            timeout=120, output_hook=lambda msg: outputs.append(msg))
         assert reply["content"]["status"] == "ok"
     finally:
         client.stop_channels()
     text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
     pids = json.loads(text.split("PIDS", 1)[1].splitlines()[0])
+    kept = Path(text.split("KEPT ", 1)[1].splitlines()[0])  # where the ranks keep their variables
     names = {psutil.Process(pid).name() for pid in pids}
-    assert {"mpiexec", "hydra_pmi_proxy"} <= names and len(pids) >= 6
+    assert {"mpiexec", "hydra_pmi_proxy"} <= names and len(pids) >= 6 and kept.is_dir()
     processes = [psutil.Process(pid) for pid in pids]
     if end == "shutdown":
         manager.shutdown_kernel(now=False)
@@ -256,4 +260,8 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
     else:
         manager.shutdown_kernel(now=True)  # SIGKILL: no atexit runs in the kernel
     assert_all_gone(processes, timeout=20)
+    deadline = time.monotonic() + 20  # a killed kernel's folder goes with its watcher, which polls once a second
+    while kept.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not kept.exists()  # the ranks' kept variables are the kernel's to restore: gone with it
 

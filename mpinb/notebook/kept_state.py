@@ -3,7 +3,8 @@ one per start of a world, which cells every rank finished, and the restore after
 
 A world's snapshot folder is private (0700) and made here for the ranks on this host (a rank on another host
 makes the same path on its own). A restart keeps the folder of the world that died until the fresh world has
-read it; ``%mpi stop`` and the kernel's exit remove them all.
+read it; ``%mpi stop`` and the kernel's exit remove them all, and so does a watcher (``reaper.py``) when the
+kernel is killed, whatever became of the world by then.
 """
 
 import atexit
@@ -14,6 +15,7 @@ import time
 
 from ..wire.kinds import Kept
 from ..wire.ranks import label_ranks
+from . import leftovers
 
 
 _roots = set()  # every snapshot folder this kernel made, removed at its exit whatever became of the worlds
@@ -40,6 +42,7 @@ class KeptState:
         self.taken = {}  # rank -> the last cell of the current start whose snapshot it wrote
         self._came_up = True  # whether the start of the current generation came up (none yet: nothing pending)
         self.owed = False  # a restart after a death did not come up: the next restart still restores
+        self._watcher = None  # the process that removes root if the kernel is killed
 
     def environment(self, size):
         """The ranks' environment for the next start, of *size* ranks: where they keep snapshots (nothing when
@@ -55,6 +58,8 @@ class KeptState:
         if self.root is None:
             self.root = tempfile.mkdtemp(prefix="mpinb-snapshots-")
             _roots.add(self.root)
+            # a killed kernel runs no exit handler: this removes the folder then (it is the kernel's to restore)
+            self._watcher = leftovers.start_reaper([], "", kept=self.root)
         path = self.folder(self.generation)
         os.makedirs(path, mode=0o700, exist_ok=True)
         environment = {"MPINB_SNAPSHOT_DIR": path}
@@ -102,6 +107,10 @@ class KeptState:
     def forget(self):
         """Remove every snapshot (the world is stopped for good)."""
         root, self.root, self.complete, self.previous = self.root, None, [], []
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.kill()
+            watcher.wait(timeout=5)
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
             _roots.discard(root)

@@ -10,9 +10,10 @@ from pathlib import Path
 import psutil
 
 
-def start_reaper(processes, status_dir, *, job=None, previous=None):
-    """A watcher (``python -m mpinb.notebook.reaper``) that ends *processes*, and cancels *job*, if this process
-    dies without stopping its world; *previous*, the one started before the ranks registered, is stopped."""
+def start_reaper(processes, status_dir, *, job=None, kept=None, previous=None):
+    """A watcher (``python -m mpinb.notebook.reaper``) that ends *processes*, cancels *job* and removes the folder
+    *kept* (the ranks' kept variables), if this process dies without stopping its world; *previous*, the one
+    started before the ranks registered, is stopped."""
     items = []
     for process in processes:
         try:
@@ -20,6 +21,7 @@ def start_reaper(processes, status_dir, *, job=None, previous=None):
         except psutil.NoSuchProcess:
             pass
     cancel = ["--cancel", f"scancel {job.job_id}"] if job is not None else []
+    cancel += ["--forget", kept] if kept else []
     if previous is not None:
         previous.kill()
         previous.wait(timeout=5)

@@ -3,9 +3,11 @@
 Started by :class:`~mpinb.notebook.cluster.World` in a session of its own, so a kill of the kernel's process group does
 not take it along. It ends only the processes it was given, each checked by pid *and* start time, and exits as
 soon as they are all gone or the world is stopped normally. A world in a batch job also gives the command that
-cancels the job (``--cancel "scancel 1234"``), run when the kernel dies.
+cancels the job (``--cancel "scancel 1234"``), run when the kernel dies. A world that keeps its ranks' variables
+gives the folder they are kept in (``--forget DIR``): it is for a restart in the same kernel, so it is removed
+when the kernel dies, also after the world's processes ended (then the reaper waits for the kernel).
 
-    python -m mpinb.notebook.reaper [--cancel COMMAND] KERNEL_PID STATUS_DIR PID:START_TIME [PID:START_TIME ...]
+    python -m mpinb.notebook.reaper [--cancel COMMAND] [--forget DIR] KERNEL_PID STATUS_DIR PID:START_TIME ...
 """
 
 import os
@@ -22,9 +24,11 @@ from ..wire.rank_files import every_path, stack_path
 
 
 def main(argv):
-    cancel = None
+    cancel = forget = None
     if argv[0] == "--cancel":
         cancel, argv = shlex.split(argv[1]), argv[2:]
+    if argv[0] == "--forget":
+        forget, argv = argv[1], argv[2:]
     watched, status_dir = int(argv[0]), argv[1]
     processes = []
     for item in argv[2:]:
@@ -43,6 +47,10 @@ def main(argv):
     signal_all(processes, "terminate")
     end_processes(processes, grace=3)
     remove_world_files(status_dir, [process.pid for process in processes])
+    if forget:
+        while alive(watched):  # the world ended, its kernel lives: a restart may still restore what is kept
+            time.sleep(1.0)
+        shutil.rmtree(forget, ignore_errors=True)
 
 
 def alive(process):
