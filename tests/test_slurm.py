@@ -137,6 +137,24 @@ def test_a_job_larger_than_the_cluster_is_refused(ip, magics, slurm, no_world):
     assert slurm.squeue() == []
 
 
+@pytest.mark.parametrize("reason, never", [
+    ("QOSMaxCpuPerJobLimit", "more than the job's QOS allows one job"),
+    ("QOSMaxWallDurationPerJobLimit", "more than the job's QOS allows one job"),
+    ("AssocMaxNodePerJobLimit", "more than the account allows one job"),
+    ("QOSMinCpuNotSatisfied", "more than the job's QOS allows one job"),
+    ("PartitionTimeLimit", "a longer --time than the partition allows"),
+    ("QOSMaxCpuPerUserLimit", None), ("QOSGrpCpuLimit", None), ("Priority", None), ("Resources", None),
+])
+def test_a_pending_reason_is_read_as_never_or_not_yet(reason, never):
+    """Reasons a job waits for: over a limit on each job (of its QOS or account) it never runs, and the start
+    says so at once; over a limit per user or group, or behind other jobs, it waits (the test cluster has no
+    accounting database, so no QOS to put a job over)."""
+    from mpinb.notebook.startup import never_runs
+
+    said = never_runs(reason)
+    assert said == never if never is None else never in said
+
+
 def test_scheduler_options_need_a_batch_launcher(ip, no_world):
     with pytest.raises(UsageError, match="partition only mean something to a batch launcher"):
         ip.run_line_magic("mpi", "start -n 2 --partition debug")

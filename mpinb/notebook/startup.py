@@ -31,6 +31,21 @@ NEVER_RUNS = {
     "JobHeldAdmin": "an administrator holds the job",
     "JobHeldUser": "the job is held (scontrol release)",
 }
+# a job over a limit its QOS or account puts on each job never runs (a limit per user or group only waits)
+_OVER_PER_JOB_LIMIT = re.compile(r"^(QOS|Assoc)(Max\w*PerJob\w*|Min\w*)$")
+
+
+def never_runs(reason):
+    """Why Slurm will never run a job pending for *reason*, with what to do (``None``: it may yet run)."""
+    if reason in NEVER_RUNS:
+        return f"{NEVER_RUNS[reason]}; scontrol show partition lists what each partition allows"
+    over = _OVER_PER_JOB_LIMIT.match(reason)
+    if over:
+        whose = "the job's QOS" if over.group(1) == "QOS" else "the account"
+        return (f"it asks more than {whose} allows one job (fewer ranks, a shorter time limit, or another "
+                f"{'--qos' if over.group(1) == 'QOS' else '--account'}); sacctmgr show qos and sacctmgr show assoc "
+                "list the limits")
+    return None
 
 _ENGINE_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \[(IPEngine|IPController|KernelNanny|IPClusterStart)")
 
@@ -340,11 +355,9 @@ class Startup:
                            f"its output:\n{output}")
         if state == "PENDING":
             reason = where.strip("()")
-            if reason in NEVER_RUNS:
-                raise BadArguments(
-                    f"Slurm will not run job {world.job.job_id} as asked ({reason}): {NEVER_RUNS[reason]}; "
-                    "scontrol show partition lists what each partition allows"
-                )
+            why = never_runs(reason)
+            if why is not None:
+                raise BadArguments(f"Slurm will not run job {world.job.job_id} as asked ({reason}): {why}")
             return True
         if state == "RUNNING" and world.loopback:
             away = [host for host in world.job.nodes(where) if not is_this_host(host)]
