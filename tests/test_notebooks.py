@@ -259,8 +259,8 @@ def test_04_debugging():
     assert "hide-cell" in solution.metadata.tags and solution.source.startswith("%%mpi\n# Solution")
     # the straggler %mpi inject planted, found in the trace's summary and by the folded solution
     assert cell["%%capture"] == ""  # what was planted where stays hidden
-    planted = re.search(r"rank (\d) arrived last at 20 of 20 Allreduce calls; the other ranks waited ([\d.]+) ms per "
-                        r"call for it", cell["%%mpi --trace"])
+    planted = re.search(r"rank (\d) arrived last at \d+ of 20 Allreduce calls; the other ranks waited ([\d.]+) ms "
+                        r"per call for it", cell["%%mpi --trace"])  # at all 20 unless the machine stalls the other
     assert planted, cell["%%mpi --trace"]
     answer = re.search(r"right: rank (\d) slept (\d+) ms before each collective", cell["if straggler != culprit:"])
     assert answer and answer[1] == planted[1] and 0.5 <= float(planted[2]) / float(answer[2]) <= 2
