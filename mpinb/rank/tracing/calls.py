@@ -12,6 +12,7 @@ as kind ``"mpinb"``, which the summary does not blame.
 import contextlib
 
 from ...wire.kinds import PointToPoint
+from ...wire.mirror import LEFT, MIRROR, RAISED
 from .. import faults
 from . import comms, ledger
 from .arguments import (
@@ -37,6 +38,8 @@ _state = ledger.state
 _now = ledger.now_ns
 _registry = comms.registry
 _arrays, _dtype_names, mirrored = ARRAYS, DTYPE_NAMES, ledger.mirrored
+_record, _LEFT, _RAISED = MIRROR.pack_into, LEFT, RAISED  # State.enter and leave, written in place below
+_no_bytes = {int, float, type(None)}  # objects whose object_bytes are 0, told without calling it
 
 
 def buffer_collective(base, name, spec_name, spec, in_place):
@@ -100,8 +103,7 @@ def buffer_collective(base, name, spec_name, spec, in_place):
             signature = (name, root, None if vector else count, dtype)
             fields = mirrored(info, signature)
             known = last = (info, root, count, dtype, signature, fields, None, None)
-        info.count += 1
-        seq = info.count
+        seq = info.count = info.count + 1
         info.recent.append((seq, signature))
         detail = ""
         if spans is not None:  # the op is read for the span only
@@ -120,17 +122,30 @@ def buffer_collective(base, name, spec_name, spec, in_place):
         if faults.active:  # %mpi inject planted one on this rank
             faults.before()
         start = _now()
-        _state.enter(info, seq, signature, start, fields)
+        _state.current = (info, seq, signature, start)  # _state.enter, in place (the mirror's record: wire/mirror.py)
+        mirror = _state.mirror
+        if mirror is not None:
+            root_field, count_field, op_field, dtype_field, comm_field = fields
+            _record(mirror, 0, 0, 1, seq, root_field, count_field, start, op_field, dtype_field, comm_field)
         done = False
         try:
-            value = base(self, *args, **kwargs)
+            if kwargs:
+                value = base(self, *args, **kwargs)
+            elif n == 3:  # Allreduce(send, receive, op): the call itself, not a tuple and a dict built for it
+                value = base(self, args[0], args[1], args[2])
+            elif n == 2:
+                value = base(self, args[0], args[1])
+            else:
+                value = base(self, *args)
             done = True
             if faults.active:
                 faults.after(receive if receive is not None else send)
             return value
         finally:
             end = _now()
-            _state.leave(done)
+            _state.current = None  # _state.leave, in place
+            if mirror is not None:
+                mirror[8:16] = _LEFT if done else _RAISED
             _state.comm_ns += end - start
             spans = _state.spans
             if spans is not None:  # record_span, in place
@@ -157,8 +172,12 @@ def object_collective(base, name, spec):
     """mpi4py's pickle-based collective *name*, each call in the ledger."""
     send_at, _, root_at, op_at = spec
     rooted = name in ROOTED
+    # the last call's (ledger, root, signature, mirror fields, object's type name, op, span detail), as in
+    # buffer_collective
+    last = (None,) * 7
 
     def method(self, *args, **kwargs):
+        nonlocal last
         try:
             info = self._mpinb
         except AttributeError:
@@ -172,33 +191,58 @@ def object_collective(base, name, spec):
             root = args[root_at] if root_at is not None and root_at < n else None
         if rooted and root is None:
             root = 0
-        signature = (name, root, None, None)
-        info.count += 1
-        seq = info.count
+        known = last
+        if known[0] is info and known[1] is root:
+            signature, fields = known[2], known[3]
+        else:
+            signature = (name, root, None, None)
+            fields = mirrored(info, signature)
+            known = last = (info, root, signature, fields, None, None, None)
+        seq = info.count = info.count + 1
         info.recent.append((seq, signature))
         if faults.active:
             faults.before()
         start = _now()
-        _state.enter(info, seq, signature, start)
+        _state.current = (info, seq, signature, start)  # _state.enter, in place (the mirror's record: wire/mirror.py)
+        mirror = _state.mirror
+        if mirror is not None:
+            root_field, count_field, op_field, dtype_field, comm_field = fields
+            _record(mirror, 0, 0, 1, seq, root_field, count_field, start, op_field, dtype_field, comm_field)
         value, done = None, False
         try:
-            value = base(self, *args, **kwargs)
+            if kwargs:
+                value = base(self, *args, **kwargs)
+            elif n == 1:  # allreduce(obj): the call itself, not a tuple and a dict built for it
+                value = base(self, args[0])
+            else:
+                value = base(self, *args)
             done = True
             if faults.active:
                 value = faults.after(None, value)
             return value
         finally:
             end = _now()
-            _state.leave(done)
+            _state.current = None  # _state.leave, in place
+            if mirror is not None:
+                mirror[8:16] = _LEFT if done else _RAISED
             _state.comm_ns += end - start
-            if _state.spans is not None:
+            spans = _state.spans
+            if spans is not None:
                 op = argument(args, kwargs, op_at, KEYWORDS["op"]) if op_at is not None else None
                 kind = type(obj).__name__
-                detail = kind if op is None else span_detail(None, kind, op, _registry.installed)
+                if op is None:
+                    detail = kind
+                elif known[5] is op and known[4] == kind:
+                    detail = known[6]
+                else:
+                    detail = span_detail(None, kind, op, _registry.installed)
+                    last = known[:4] + (kind, op, detail)
                 if _checking is not None:
                     detail = f"mpinb's check before {_checking}"
-                record_span(name, info.name, root, object_bytes(obj), object_bytes(value), start, end, seq,
-                            "collective" if _checking is None else "mpinb", detail)
+                spans.append((name, info.name, root, 0 if type(obj) in _no_bytes else object_bytes(obj),
+                              0 if type(value) in _no_bytes else object_bytes(value), start, end, seq,
+                              "collective" if _checking is None else "mpinb", detail))
+                _state.recorded += 1
 
     return named_like(method, name, base)
 
@@ -274,12 +318,18 @@ def nonblocking_p2p(base, name, spec):
     """mpi4py's nonblocking point-to-point call *name*: its request carries the call for the wait."""
     send_at, recv_at, peer_at = spec
     objects = name.islower()
-    request_class = _installed_request
     receiving = "ecv" in name
 
     def method(self, *args, **kwargs):
         start = _now()
-        request = _traced_request(request_class(), base(self, *args, **kwargs))
+        if kwargs:
+            made = base(self, *args, **kwargs)
+        elif len(args) == 3:  # Isend(buffer, dest, tag): the call itself, not a tuple and a dict built for it
+            made = base(self, args[0], args[1], args[2])
+        else:
+            made = base(self, *args)
+        request = _registry.installed["request"](made)  # _traced_request, in place
+        request._mpinb_original = made
         end = _now()
         try:
             info = self._mpinb
@@ -292,11 +342,22 @@ def nonblocking_p2p(base, name, spec):
         if peer is not None and peer < 0:  # ANY_SOURCE, PROC_NULL
             peer = None
         sent = received = 0
-        if _state.spans is not None:
-            send = argument(args, kwargs, send_at, KEYWORDS["send"])
-            sent = object_bytes(send) if objects else describe(send)[2]
-            received = 0 if objects else describe(argument(args, kwargs, recv_at, KEYWORDS["recv"]))[2]
-            record_span(name, info.name, peer, sent, received, start, end, None, "p2p", "")
+        spans = _state.spans
+        if spans is not None:
+            if kwargs:
+                send = argument(args, kwargs, send_at, KEYWORDS["send"])
+                receive = argument(args, kwargs, recv_at, KEYWORDS["recv"])
+            else:
+                n = len(args)
+                send = args[send_at] if send_at is not None and send_at < n else None
+                receive = args[recv_at] if recv_at is not None and recv_at < n else None
+            if objects:
+                sent = object_bytes(send)
+            else:  # describe(...)[2], with numpy's arrays read in place
+                sent = send.nbytes if type(send) in _arrays else describe(send)[2]
+                received = receive.nbytes if type(receive) in _arrays else describe(receive)[2]
+            spans.append((name, info.name, peer, sent, received, start, end, None, "p2p", ""))  # record_span
+            _state.recorded += 1
         request._mpinb = (name, info, peer, sent, received, None, None, "")
         return request
 

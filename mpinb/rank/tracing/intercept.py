@@ -85,6 +85,22 @@ def traced(comm, name=None):
     return copy
 
 
+_WAITED = {}  # (call, peer) -> how a wait span's detail names a point-to-point request: Isend→1, Irecv←any
+
+
+def _waited(info):
+    """How a wait span's detail names the request of *info* (what the call that made it noted)."""
+    if info[5] is not None:  # a nonblocking collective
+        return f"{info[0]} #{info[5]}"
+    key = (info[0], info[2])
+    text = _WAITED.get(key)
+    if text is None:
+        if len(_WAITED) > 4096:
+            _WAITED.clear()
+        text = _WAITED[key] = f"{info[0]}{'→' if 'send' in info[0].lower() else '←'}{peer_text(info[2])}"
+    return text
+
+
 class _StandIn(type):
     """A traced class under mpi4py's name: ``isinstance`` and ``issubclass`` hold for mpi4py's own objects and
     classes of that kind too, as they did before it took the name (a subclass of it is checked as usual)."""
@@ -205,21 +221,23 @@ def _request_class(MPI):
             if infos:
                 first = infos[0]
                 peer = first[2] if len(infos) == 1 else None
-                what = ", ".join(f"{info[0]}{'→' if 'send' in info[0].lower() else '←'}"
-                                 f"{peer_text(info[2])}" if info[5] is None else f"{info[0]} #{info[5]}"
-                                 for info in infos[:8]) + (", ..." if len(infos) > 8 else "")
+                what = ", ".join(_waited(info) for info in infos[:8]) + (", ..." if len(infos) > 8 else "")
                 record_span(name, first[1].name, peer, 0, 0, start, end, collective[5] if collective else None,
                             "wait", what)
 
     def on_one(name):
+        call = getattr(Request, name)
+
         def wait(self, *args, **kwargs):
-            return waiting(name, (self,), getattr(Request, name), self, *args, **kwargs)
-        return named_like(wait, name, getattr(Request, name))
+            return waiting(name, (self,), call, self, *args, **kwargs)
+        return named_like(wait, name, call)
 
     def on_many(name):
+        call = getattr(Request, name)
+
         def wait(cls, requests, *args, **kwargs):
-            return waiting(name, requests, getattr(Request, name), requests, *args, **kwargs)
-        return classmethod(named_like(wait, name, getattr(Request, name)))
+            return waiting(name, requests, call, requests, *args, **kwargs)
+        return classmethod(named_like(wait, name, call))
 
     namespace = {"__doc__": Request.__doc__, "__module__": Request.__module__,
                  "__qualname__": Request.__qualname__, "_mpinb_original": Request}
