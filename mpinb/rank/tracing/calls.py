@@ -153,7 +153,74 @@ def buffer_collective(base, name, spec_name, spec, in_place):
                               "collective" if _checking is None else "mpinb", detail))
                 _state.recorded += 1
 
-    return named_like(method, name, base)
+    if spec != (0, 1, None, 2) or nonblocking:
+        return named_like(method, name, base)
+
+    def reduction(self, *args, **kwargs):
+        """*method*, for the call a training step makes again and again: ``comm.Allreduce(send, receive, op)`` (or
+        ``Scan``, ``Exscan``, ``Reduce_scatter_block``) of two numpy arrays, positional. It notes the same, with
+        nothing to find out but the arrays' size and type (about 0.3 µs a call less); any other call is *method*'s."""
+        nonlocal last
+        if kwargs or len(args) != 3:
+            return method(self, *args, **kwargs)
+        send, receive, op = args
+        if type(send) not in _arrays or type(receive) not in _arrays:
+            return method(self, *args)
+        try:
+            info = self._mpinb
+        except AttributeError:
+            info = ledger_of(self)
+        count, sent = send.size, send.nbytes
+        try:
+            dtype = _dtype_names[send.dtype]
+        except KeyError:
+            dtype = dtype_name(send.dtype)
+        spans = _state.spans
+        received = receive.nbytes if spans is not None else 0
+        known = last
+        if known[0] is info and known[1] is None and known[2] == count and known[3] is dtype:
+            signature, fields = known[4], known[5]
+        else:
+            signature = (name, None, count, dtype)
+            fields = mirrored(info, signature)
+            known = last = (info, None, count, dtype, signature, fields, None, None)
+        seq = info.count = info.count + 1
+        info.recent.append((seq, signature))
+        detail = ""
+        if spans is not None:
+            if known[6] is op and known[7] is not None:
+                detail = known[7]
+            else:
+                detail = span_detail(count, dtype, op, _registry.installed)
+                last = known[:6] + (op, detail)
+        if faults.active:
+            faults.before()
+        start = _now()
+        _state.current = (info, seq, signature, start)
+        mirror = _state.mirror
+        if mirror is not None:
+            root_field, count_field, op_field, dtype_field, comm_field = fields
+            _record(mirror, 0, 0, 1, seq, root_field, count_field, start, op_field, dtype_field, comm_field)
+        done = False
+        try:
+            value = base(self, send, receive, op)
+            done = True
+            if faults.active:
+                faults.after(receive)
+            return value
+        finally:
+            end = _now()
+            _state.current = None
+            if mirror is not None:
+                mirror[8:16] = _LEFT if done else _RAISED
+            _state.comm_ns += end - start
+            spans = _state.spans
+            if spans is not None:
+                spans.append((name, info.name, None, sent, received, start, end, seq,
+                              "collective" if _checking is None else "mpinb", detail))
+                _state.recorded += 1
+
+    return named_like(reduction, name, base)
 
 
 def _start_collective(base, comm, args, kwargs, noted):

@@ -221,7 +221,7 @@ def _request_class(MPI):
             if infos:
                 first = infos[0]
                 peer = first[2] if len(infos) == 1 else None
-                what = ", ".join(_waited(info) for info in infos[:8]) + (", ..." if len(infos) > 8 else "")
+                what = ", ".join([_waited(info) for info in infos[:8]]) + (", ..." if len(infos) > 8 else "")
                 record_span(name, first[1].name, peer, 0, 0, start, end, collective[5] if collective else None,
                             "wait", what)
 
