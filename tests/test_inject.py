@@ -78,6 +78,37 @@ def test_a_straggler_is_named_by_the_trace(ip, world_of, mpi, capsys):
     ip.run_line_magic("mpi", "inject clear")
 
 
+TORCH_LOOP = """
+import torch, mpinb.torch as mt
+torch.manual_seed(0)
+model = torch.nn.Linear(32, 4)
+for step in range(8):
+    model.zero_grad()
+    model(torch.ones(16, 32) * (rank + 1)).sum().backward()
+    mt.allreduce_gradients(model)
+"""
+
+
+def test_a_straggler_in_mpinbs_own_gradient_allreduce_arrives_late_at_it_once_a_step(ip, world_of, mpi, capsys):
+    """allreduce_gradients makes several collectives inside one traced call: the fault acts on the call, so the
+    straggler arrives last at each step's call, and the step counts once for --at."""
+    world_of(2)
+    ip.run_line_magic("mpi", "inject clear")
+    ip.run_line_magic("mpi", "inject straggler --rank 1 --delay 0.05")
+    capsys.readouterr()
+    mpi(TORCH_LOOP, "--trace")
+    said = capsys.readouterr().out
+    assert "rank 1 arrived last at 8 of 8 allreduce_gradients calls" in said, said
+    ip.run_line_magic("mpi", "inject clear")
+    ip.run_line_magic("mpi", "inject kill --rank 0 --at 3")
+    with pytest.raises(RankError, match="rank 0 died") as died:
+        # each step's line given time to leave the rank before the next step (a killed rank's last lines can
+        # be in its buffer still)
+        mpi(TORCH_LOOP + "    print('step', step, flush=True)\n    __import__('time').sleep(0.5)")
+    out = capsys.readouterr().out + str(died.value)
+    assert sorted(out.count(f"[rank {r}] step") for r in range(2)) == [2, 2], out
+
+
 def test_inject_needs_a_rank_of_the_world(ip, world_of):
     world_of(3)
     with pytest.raises(UsageError, match=r"%mpi inject kill takes --rank R, a rank of this world \(0-2\)"):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 KINDS = ("straggler", "kill", "stall", "nan", "perturb")
 active = False  # whether any fault is planted on this rank: the traced calls look here first
+nested = 0  # calls of mpinb's API collectives under way (tracing.calls.api_call): the collectives inside pass
 
 
 @dataclass
@@ -73,7 +74,10 @@ def planted():
 
 
 def before():
-    """A traced collective is about to be entered."""
+    """A traced collective is about to be entered (one inside a call of mpinb's API collectives, which counted
+    as one already, is passed over)."""
+    if nested:
+        return
     for fault in list(_planted):
         fault.seen += 1
         if fault.seen < fault.at:

@@ -491,21 +491,28 @@ def api_call(name, comm, detail=""):
     """One span (kind ``"torch"``) named *name* around the block, a call of mpinb's API collective over *comm*,
     while a cell is traced. Its sequence number is that of the first collective the block makes on *comm*, so the
     same call is matched on every rank, and the calls inside are nested in it (the summary matches only the
-    outermost calls, and counts their time and bytes once)."""
-    if _state.spans is None:
-        yield
-        return
+    outermost calls, and counts their time and bytes once). A fault ``%mpi inject`` planted acts on the call as
+    one collective, before its span starts (so a straggler arrives late at it), not on each call inside."""
+    if faults.active:
+        faults.before()
+    faults.nested += 1
     try:
-        info = ledger_of(comm)
-        where, seq = info.name, info.count + 1
-    except Exception:  # noqa: BLE001 - not a communicator mpinb traces (its calls are not traced either)
-        where, seq = "", None
-    start = _now()
-    try:
-        yield
+        if _state.spans is None:
+            yield
+            return
+        try:
+            info = ledger_of(comm)
+            where, seq = info.name, info.count + 1
+        except Exception:  # noqa: BLE001 - not a communicator mpinb traces (its calls are not traced either)
+            where, seq = "", None
+        start = _now()
+        try:
+            yield
+        finally:
+            if _state.spans is not None:
+                record_span(name, where, None, 0, 0, start, _now(), seq, "torch", detail)
     finally:
-        if _state.spans is not None:
-            record_span(name, where, None, 0, 0, start, _now(), seq, "torch", detail)
+        faults.nested -= 1
 
 
 def record_span(op, comm, peer, sent, received, start, end, seq, kind, detail):
