@@ -5,6 +5,8 @@ the names not kept; ``--fresh``, snapshots switched off, the size limit, and not
 
 import os
 import re
+import signal
+import time
 
 import pytest
 from conftest import leftover_ranks, new_world_tag
@@ -100,6 +102,27 @@ def test_a_restart_that_fails_to_start_loses_nothing_for_the_next_one(session):
     said = restarted(session)
     assert "restored every rank's variables" in said, said
     assert values_of_every_rank(session) == RESTORED
+
+
+def test_a_kernel_killed_after_its_world_ended_leaves_no_kept_variables():
+    """A world that died and whose restart was stopped is gone, its variables kept for the next restart: a kernel
+    killed then (no exit handler runs) still leaves no folder of them behind."""
+    tag = new_world_tag()
+    with kernel() as k:
+        assert k.run("%load_ext mpinb\n%config MPIMagics.snapshot_lag = 0\n%mpi start -n 2").status == "ok"
+        assert k.run("%%mpi\nkeep = rank").status == "ok"
+        crashed(k, CRASHES["kill -9"])
+        stopped = k.run("%mpi restart", stops=(0.5,), after="starting the ipyparallel controller")
+        assert stopped.status == "error" and "interrupted" in stopped.text, stopped.text
+        shown = k.run("print('KEPT', get_ipython().magics_manager.registry['MPIMagics'].world.kept_state.root)")
+        kept = shown.text.split("KEPT ", 1)[1].split()[0]
+        assert os.path.isdir(kept)
+        os.kill(k.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20  # the ended world's reaper polls the kernel once a second
+        while os.path.exists(kept) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not os.path.exists(kept)
+    assert not leftover_ranks(tag)
 
 
 def test_a_size_mismatch_the_backend_ends_the_job_over_keeps_the_model_and_names_the_ddp_wrapper(session):

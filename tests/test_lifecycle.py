@@ -226,9 +226,11 @@ def test_kernel_exit_leaves_no_process(tmp_path):
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("end", ["shutdown", "restart", "kill"])
+@pytest.mark.parametrize("end", ["shutdown", "restart", "kill", "kill after a rank died"])
 def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
-    """A real kernel through jupyter_client: whatever ends it, every process its world started is gone."""
+    """A real kernel through jupyter_client: whatever ends it, every process its world started is gone, and the
+    folder its ranks kept their variables in (also when the world had died first, its variables kept for a
+    restart that never came)."""
     from jupyter_client.manager import KernelManager
 
     outputs = []
@@ -252,6 +254,15 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
     names = {psutil.Process(pid).name() for pid in pids}
     assert {"mpiexec", "hydra_pmi_proxy"} <= names and len(pids) >= 6 and kept.is_dir()
     processes = [psutil.Process(pid) for pid in pids]
+    if end == "kill after a rank died":
+        client = manager.client()
+        client.start_channels()
+        try:
+            reply = client.execute_interactive("%%mpi\nimport os\nif rank == 1:\n    os.kill(os.getpid(), 9)\n"
+                                               "comm.Barrier()", timeout=120)
+            assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "RankError"
+        finally:
+            client.stop_channels()
     if end == "shutdown":
         manager.shutdown_kernel(now=False)
     elif end == "restart":
@@ -259,6 +270,7 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
         manager.shutdown_kernel(now=False)
     else:
         manager.shutdown_kernel(now=True)  # SIGKILL: no atexit runs in the kernel
+    assert end != "kill after a rank died" or kept.is_dir()  # it was there after the death, for a restart
     assert_all_gone(processes, timeout=20)
     deadline = time.monotonic() + 20  # a killed kernel's folder goes with its watcher, which polls once a second
     while kept.exists() and time.monotonic() < deadline:

@@ -313,10 +313,12 @@ class World:
                      ", ".join(sorted(silent)))
         end_processes(processes, grace=5)
         self._remove_shared_files()
-        if self._reaper is not None:
+        if self._reaper is not None and self.kept_state.root is not None:
+            self.kept_state.adopt(self._reaper)  # the ranks' variables outlive the world, until the kernel does
+        elif self._reaper is not None:
             self._reaper.kill()
             self._reaper.wait(timeout=5)
-            self._reaper = None
+        self._reaper = None
         if cluster is not None:
             leftovers.remove_files(ipp.connection_files(cluster) + [path for path in outputs if path])
             ipp.end_event_thread(cluster)
@@ -537,7 +539,8 @@ class World:
         """A watcher that ends this world's *processes* (default: all it knows) if this process dies without
         stopping it (``notebook/reaper.py``); it replaces the one started before."""
         self._reaper = leftovers.start_reaper(self._processes if processes is None else processes,
-                                              self.status_dir, job=self.job, previous=self._reaper)
+                                              self.status_dir, job=self.job, kept=self.kept_state.root,
+                                              previous=self._reaper or self.kept_state.release())
 
     def _mapped_shared_files(self, processes=None):
         """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""

@@ -3,8 +3,8 @@ one per start of a world, which cells every rank finished, and the restore after
 
 A world's snapshot folder is private (0700) and made here for the ranks on this host (a rank on another host
 makes the same path on its own). A restart keeps the folder of the world that died until the fresh world has
-read it; ``%mpi stop`` and the kernel's exit remove them all, and so does a watcher (``reaper.py``) when the
-kernel is killed, whatever became of the world by then.
+read it; ``%mpi stop`` and the kernel's exit remove them all, and so does the world's reaper (``reaper.py``) when
+the kernel is killed, also once the world itself has ended (its reaper is then kept here, watching the kernel).
 """
 
 import atexit
@@ -15,7 +15,6 @@ import time
 
 from ..wire.kinds import Kept
 from ..wire.ranks import label_ranks
-from . import leftovers
 
 
 _roots = set()  # every snapshot folder this kernel made, removed at its exit whatever became of the worlds
@@ -42,7 +41,7 @@ class KeptState:
         self.taken = {}  # rank -> the last cell of the current start whose snapshot it wrote
         self._came_up = True  # whether the start of the current generation came up (none yet: nothing pending)
         self.owed = False  # a restart after a death did not come up: the next restart still restores
-        self._watcher = None  # the process that removes root if the kernel is killed
+        self._watcher = None  # an ended world's reaper, which removes root if the kernel is killed
 
     def environment(self, size):
         """The ranks' environment for the next start, of *size* ranks: where they keep snapshots (nothing when
@@ -58,8 +57,6 @@ class KeptState:
         if self.root is None:
             self.root = tempfile.mkdtemp(prefix="mpinb-snapshots-")
             _roots.add(self.root)
-            # a killed kernel runs no exit handler: this removes the folder then (it is the kernel's to restore)
-            self._watcher = leftovers.start_reaper([], "", kept=self.root)
         path = self.folder(self.generation)
         os.makedirs(path, mode=0o700, exist_ok=True)
         environment = {"MPINB_SNAPSHOT_DIR": path}
@@ -68,6 +65,19 @@ class KeptState:
         if self.lag is not None:
             environment["MPINB_SNAPSHOT_LAG"] = repr(float(self.lag))
         return environment
+
+    def adopt(self, reaper):
+        """Keep the reaper of a world that ended (its processes are gone): it removes :attr:`root` if the kernel is
+        killed before the next start's reaper takes over (:meth:`release`) or :meth:`forget` removes it."""
+        if self._watcher is not None and self._watcher is not reaper:
+            self._watcher.kill()
+            self._watcher.wait(timeout=5)
+        self._watcher = reaper
+
+    def release(self):
+        """The reaper kept by :meth:`adopt` (``None`` if none), for the next start's reaper to replace."""
+        watcher, self._watcher = self._watcher, None
+        return watcher
 
     def came_up(self):
         """The start made with the last :meth:`environment` has every rank running."""
