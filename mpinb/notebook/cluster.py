@@ -313,7 +313,7 @@ class World:
                      ", ".join(sorted(silent)))
         end_processes(processes, grace=5)
         self._remove_shared_files()
-        if self._reaper is not None and self.kept_state.root is not None:
+        if self._reaper is not None and self.kept_state.holds():
             self.kept_state.adopt(self._reaper)  # the ranks' variables outlive the world, until the kernel does
         elif self._reaper is not None:
             self._reaper.kill()

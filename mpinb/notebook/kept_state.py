@@ -66,6 +66,10 @@ class KeptState:
             environment["MPINB_SNAPSHOT_LAG"] = repr(float(self.lag))
         return environment
 
+    def holds(self):
+        """Whether a restart may restore something: cells of this start or of the one before were kept."""
+        return self.root is not None and bool(self.complete or self.previous)
+
     def adopt(self, reaper):
         """Keep the reaper of a world that ended (its processes are gone): it removes :attr:`root` if the kernel is
         killed before the next start's reaper takes over (:meth:`release`) or :meth:`forget` removes it."""
