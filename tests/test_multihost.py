@@ -264,19 +264,22 @@ def engines_on(hosts, i):
     return count
 
 
-# on rank 3: a thread that kills the rank once 16 MB more have left it (by /proc/self/io), which is in the middle
-# of its 64 MB reply: the sealed chunks are on their way, the rest never comes
+# on rank 3: its large reply's sealed chunks are made as usual, and the rank is killed once the 8th of them (of 32)
+# is on its way, half a second later (the marker that announces the reply, and some chunks, have reached the
+# notebook); the rest never comes
 KILL_MID_SEND = """
-import os, threading, time, numpy as np
-big = np.ones(1 << 24, dtype=np.float32)
+import os, time, numpy as np
+big = np.ones(1 << 24 if rank == 3 else 1, dtype=np.float32)
 if rank == 3:
-    def written():
-        return int(open('/proc/self/io').read().split('wchar: ')[1].split()[0])
-    def kill_mid_send(start=written()):
-        while written() - start < 16 << 20:
-            time.sleep(0.001)
-        os.kill(os.getpid(), 9)
-    threading.Thread(target=kill_mid_send, daemon=True).start()
+    import mpinb.wire.bulk as bulk
+    seal = bulk.Sealer.seal
+    def seal_then_die(self, frames):
+        for index, chunk in enumerate(seal(self, frames)):
+            if index == 8:
+                time.sleep(0.5)
+                os.kill(os.getpid(), 9)
+            yield chunk
+    bulk.Sealer.seal = seal_then_die
 """
 
 
