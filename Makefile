@@ -14,8 +14,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 LABSTAMP := $(VENV)/.lab-stamp
 # The CPU build, from PyTorch's CPU index (or a local wheel of it): PyPI's torch==2.13.0 for Linux x86-64 is the
-# CUDA build, which pulls gigabytes of CUDA packages. Installed on its own first, so that its index is only
-# searched for torch; the extras' unpinned torch is then already satisfied.
+# CUDA build, which pulls gigabytes of CUDA packages. Installed on its own first and without its dependencies, so
+# that its index is searched for torch alone; the next install takes those from PyPI, and finds the extras'
+# unpinned torch satisfied.
 TORCH  := torch==2.13.0+cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -28,7 +29,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(LABSTAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX) "$(TORCH)"
+	$(PY) -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) "$(TORCH)"
 	$(PY) -m pip install --quiet -e ".[mpich,torch]"
 	touch $@
 
