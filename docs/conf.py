@@ -17,6 +17,8 @@ for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
     # a tutorial links a reference page as ../docs/page.md (JupyterLab opens it from notebooks/); here: ../page.md
     text = notebook.read_text().replace("](../docs/", "](../")
     (TUTORIALS / notebook.name).write_text(text)
+# the tutorials' drawings live beside them (notebooks/images: JupyterLab serves nothing above the folder it opens)
+shutil.copytree(ROOT / "notebooks" / "images", TUTORIALS / "images")
 
 project = "mpinb"
 author = "the mpinb developers"

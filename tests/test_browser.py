@@ -355,6 +355,7 @@ def test_each_tutorial_runs_in_jupyterlab_without_a_console_error(name, tmp_path
     root = tmp_path / "notebooks"
     root.mkdir()
     shutil.copy(NOTEBOOKS / name, root / name)
+    shutil.copytree(NOTEBOOKS / "images", root / "images")  # the drawings the tutorials show, as make lab has them
     count = len(nbformat.read(root / name, as_version=4).cells)
     stem = name.removesuffix(".ipynb")
     tag = new_world_tag()
