@@ -21,6 +21,8 @@ The arms, per size S of float32 per rank (each rank holds ``np.arange(n, dtype=f
   shm            the same in the world on one host (the anchor: shared memory on one host);
   tcp            the same 4 S bytes sent by a Python socket on h1 (``sendall``) to one on h0 (``recv_into`` a
                  preallocated buffer), over the same veth path: what the link can carry;
+  tcp, fresh     the same into a new buffer each time: its pages are faulted in as the bytes arrive, as they are
+                 for any values the notebook keeps (a page fault costs about 2 us on this VM);
   tcp, 2 hops    the path the mpi transport takes, store and forward: h1's peer first receives 2 S from h2, then
                  sends 4 S to h0;
 and, to say where the time goes:
@@ -184,6 +186,8 @@ def main():
                 arms[f"mpi {mb}"] = lambda mb=mb: transport_cell(across, "mpi", f"--gather x{mb} --no-inspect")
                 arms[f"tcp {mb}"] = lambda s=s: across.request(op="tcp", address=h1, port=PORT,
                                                                send=RANKS * s)["seconds"]
+                arms[f"tcpf {mb}"] = lambda s=s: across.request(op="tcp", address=h1, port=PORT, send=RANKS * s,
+                                                                fresh=True)["seconds"]
                 arms[f"tcp2 {mb}"] = lambda s=s: across.request(
                     op="tcp", address=h1, port=PORT, send=RANKS * s,
                     fetch=[h2, PORT, PER_HOST * s])["seconds"]
@@ -249,6 +253,9 @@ def main():
             f"| {ratio(f'frames {mb}', f'shm {mb}')} |",
             f"| the same | the link: TCP of {RANKS * mb} MB h1 → h0 | {ms(f'frames {mb}', payload)} "
             f"| {ms(f'tcp {mb}', payload)} | {ratio(f'frames {mb}', f'tcp {mb}')} |",
+            f"| the same | the link into new memory: the same TCP, received into pages not touched before (as "
+            f"values the notebook keeps must be) | {ms(f'frames {mb}', payload)} | {ms(f'tcpf {mb}', payload)} "
+            f"| {ratio(f'frames {mb}', f'tcpf {mb}')} |",
             f"| the same set to the mpi transport (gather to rank 0, then one message) | its path over TCP: "
             f"{PER_HOST * mb} MB h2 → h1, then {RANKS * mb} MB h1 → h0 | {ms(f'mpi {mb}', payload)} "
             f"| {ms(f'tcp2 {mb}', payload)} | {ratio(f'mpi {mb}', f'tcp2 {mb}')} |",

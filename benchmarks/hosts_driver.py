@@ -48,9 +48,12 @@ class Peer:
         self.file.write((json.dumps(request) + "\n").encode())
         self.file.flush()
 
-    def fetch(self, send, fetch=None):
-        """Ask for *send* bytes (the peer first fetching *fetch* = ``[address, port, bytes]``) and receive them."""
-        if self.buffer.size < send:
+    def fetch(self, send, fetch=None, fresh=False):
+        """Ask for *send* bytes (the peer first fetching *fetch* = ``[address, port, bytes]``) and receive them;
+        into new memory with *fresh* (its pages faulted in as they are written, as for values one keeps)."""
+        if fresh:
+            self.buffer = np.empty(send, dtype=np.uint8)
+        elif self.buffer.size < send:
             self.buffer = np.ones(send, dtype=np.uint8)  # touched: no page faults in the timed receive
         self.ask({"send": send, "fetch": fetch})
         view, got = memoryview(self.buffer)[:send], 0
@@ -155,7 +158,7 @@ def notebook(setup):
                     key = (request["address"], request["port"])
                     peer = peers.get(key) or peers.setdefault(key, Peer(*key))
                     tic = time.perf_counter()
-                    peer.fetch(request["send"], request.get("fetch"))
+                    peer.fetch(request["send"], request.get("fetch"), request.get("fresh", False))
                     seconds = time.perf_counter() - tic
                 elif op == "zmq":  # n bytes as one ZeroMQ message from a serve peer, encrypted with *curve*
                     import zmq
