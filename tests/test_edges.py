@@ -1,9 +1,11 @@
 """The edges users hit: failures that must never hang or vanish, bad input that must say what to do, and what
 the notebook shows (never mpinb's, zmq's or ipyparallel's own frames)."""
 
+import contextlib
 import os
 import re
 import signal
+import threading
 import time
 
 import psutil
@@ -79,6 +81,30 @@ def test_a_death_between_cells_names_the_rank_and_how_it_died(ip, world_of, mpi)
     with pytest.raises(MPIError, match=r"rank 1 of this world died while no cell ran \(signal 9 \(SIGKILL\)\)"):
         mpi("rank")
     assert world.state == "dead"
+    ip.run_line_magic("mpi", "restart")
+    assert mpi("rank") == {0: 0, 1: 1, 2: 2}
+
+
+def test_a_death_is_named_however_late_its_launcher_writes_it_down(ip, world_of, mpi):
+    """On a busy machine the launcher that records how its engine ended may run only seconds later: the death is
+    still named by its signal, not as "exit status unknown" (here the launcher is held with SIGSTOP)."""
+    world = world_of(3)
+    mpi("kept = rank")
+    launcher = psutil.Process(world.identities[1]["parent"])
+    engine = psutil.Process(world.identities[1]["pid"])
+    launcher.suspend()
+    timer = threading.Timer(1.5, launcher.resume)
+    try:
+        engine.kill()  # a rank of this test's own world, by its pid; a zombie until its held launcher reaps it
+        while engine.status() != psutil.STATUS_ZOMBIE:
+            time.sleep(0.01)
+        timer.start()
+        with pytest.raises(MPIError, match=r"rank 1 of this world died while no cell ran \(signal 9 \(SIGKILL\)\)"):
+            mpi("rank")
+    finally:
+        timer.cancel()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            launcher.resume()
     ip.run_line_magic("mpi", "restart")
     assert mpi("rank") == {0: 0, 1: 1, 2: 2}
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from ..rank.stacks import WRAPPERS, aborts
 from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
+from .reaper import alive
+
+RECORD_WAIT = 5.0  # s more that a death's record is waited for while the launcher that writes it runs
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
@@ -243,8 +246,12 @@ def death_report(world, dead, *, wait=1.0):
         # after the engine's nanny noticed the end)
         culprit = any(d.returncode not in (None, -signal.SIGKILL) or d.reported is not None or
                       (d.when == 0.0 and d.host is None) for d in deaths.values())
-        if (culprit or all(d.returncode is not None for d in deaths.values()) or aborts(output)
-                or time.monotonic() > deadline):
+        if culprit or all(d.returncode is not None for d in deaths.values()) or aborts(output):
+            break
+        # past *wait*, a record still comes from a launcher that runs (on a busy machine it may not yet have
+        # been scheduled to reap its engine): "exit status unknown" would hide how the rank died
+        now = time.monotonic()
+        if now > deadline and (now > deadline + RECORD_WAIT or not _records_coming(world, deaths)):
             break
         time.sleep(0.05)
     ended = world.job_ended()  # the batch system ended the job (its time limit...): every rank died of that
@@ -258,6 +265,16 @@ def death_report(world, dead, *, wait=1.0):
             deaths[rank].abort, deaths[rank].abort_code = call, code
             deaths[rank].when = min(deaths[rank].when or math.inf, 0.0)  # it started the end
     return deaths
+
+
+def _records_coming(world, deaths):
+    """Whether the launcher of a rank here that died with no record yet still runs: it writes one once it has
+    reaped its engine (``rank/launch.py``)."""
+    for death in deaths.values():
+        parent = world.identities.get(death.rank, {}).get("parent")
+        if death.returncode is None and parent and not world.is_remote(death.rank) and alive(parent):
+            return True
+    return False
 
 
 def _native_stderr(world, ranks):
