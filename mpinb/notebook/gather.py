@@ -40,9 +40,8 @@ class Receiver:
             # chunks (wire/bulk.py) is already in arrays of its own, which the values keep as they are
             import numpy as np
 
-            from ..wire import pages
-
-            buffers = [buffer if isinstance(buffer, np.ndarray) else pages.copy(buffer) for buffer in buffers]
+            buffers = [buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8).copy()
+                       for buffer in buffers]
         out, position = {}, 0
         for name, item in items.items():
             if isinstance(item, Unsent):

@@ -24,8 +24,6 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from . import pages
-
 CHUNK = 1 << 21  # bytes sealed per chunk: small enough to overlap sealing, sending and opening
 MINIMUM = 1 << 20  # messages of at least this many bytes go this way; smaller ones stay on CurveZMQ
 TAG = 16  # bytes of AES-GCM's authentication tag
@@ -146,8 +144,8 @@ class Opener:
         self.building.pop(sender, None)  # a message of the sender's cut short by this one is dropped
         lengths = struct.unpack(f"<{len(sizes) // 8}Q", sizes)
         # not zero-filled first (bytearray would be): decrypt_into writes every byte, and the parts become the
-        # gathered values themselves (notebook/gather.py does not copy memory it owns), in huge pages (pages.py)
-        parts = [pages.empty(length) for length in lengths]
+        # gathered values themselves (notebook/gather.py does not copy memory it owns)
+        parts = [np.empty(length, dtype=np.uint8) for length in lengths]
         chunks = list(_chunks([memoryview(part) for part in parts]))
         i, start, end = chunks[0]
         if len(chunks) != count or end - start != opened.nbytes:
