@@ -126,6 +126,26 @@ for p in model.parameters():
 """
 
 
+def test_a_tensor_of_one_value_is_drawn_in_one_bin_even_the_lowest_float(world_of, magics, mpi, ip, capsys):
+    """Every value the same: one bar holding them all. An attention mask filled with float32's lowest value (as
+    transformer code fills one) cannot be cut into 30 bins of +-0.5 around it: np.histogram raised ValueError
+    there, and the inspector had no histogram to draw."""
+    world_of(2)
+    mpi("import torch\nmask = torch.full((40_000,), torch.finfo(torch.float32).min)\n"
+        "ones = torch.ones(40_000)", line="--gather mask ones")
+    capsys.readouterr()
+    for name in ("mask", "ones"):
+        (report,) = inspect_gathered({name: ip.user_ns[name]}, magics.last.gather_stats)
+        assert report.identical
+        for rank in (0, 1):
+            counts, edges = report.stats[rank]["histogram"]
+            assert sum(counts) == max(counts) == len(range(0, 40_000, report.stats[rank]["histogram_stride"]))
+            middle = counts.index(max(counts))
+            assert edges[0] < edges[middle] <= report.stats[rank]["min"] < edges[middle + 1] < edges[-1]
+        widget = inspector_widget([report])
+        assert len(widget.histogram.marks) == 2  # a curve per rank (identical ones nested, each visible)
+
+
 def test_picking_another_layer_rescales_the_histogram(world_of, magics, mpi):
     world_of(2)
     mpi(GRADS)

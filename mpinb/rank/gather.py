@@ -294,12 +294,27 @@ def leaf_stats(array, dtype, device):
     return stats
 
 
+def _one_value(sample):
+    """The histogram of *sample*, whose values are all the same: np.histogram's of one of them, its count made the
+    sample's (np.histogram's general path over the whole sample took 1.8 ms a rank of 32 MB, a fifth of the
+    inspector). Where +-0.5 around the value cannot be told from it (np.histogram raises ValueError), bins as wide
+    as the value's own precision allows, the values in the middle one."""
+    try:
+        counts, edges = np.histogram(sample[:1], bins=HISTOGRAM_BINS)
+        return (counts * len(sample)).tolist(), edges.tolist()
+    except ValueError:
+        value = float(sample[0])
+        half = abs(value) * 2.0 ** -20
+        counts = [0] * HISTOGRAM_BINS
+        counts[HISTOGRAM_BINS // 2] = len(sample)
+        return counts, np.linspace(value - half, value + half, HISTOGRAM_BINS + 1).tolist()
+
+
 def histogram(sample, low, high):
     """``(counts, edges)`` of *sample* in :data:`HISTOGRAM_BINS` equal bins from *low* to *high*, the maximum in
     the last; by ``bincount`` on the bin indices (np.histogram's general path took 2x as long)."""
     if high <= low:
-        counts, edges = np.histogram(sample, bins=HISTOGRAM_BINS)
-        return counts.tolist(), edges.tolist()
+        return _one_value(sample)
     index = ((sample.astype(np.float64) - low) * (HISTOGRAM_BINS / (high - low))).astype(np.intp)
     np.clip(index, 0, HISTOGRAM_BINS - 1, out=index)
     counts = np.bincount(index, minlength=HISTOGRAM_BINS)
