@@ -7,6 +7,7 @@ One 4-rank world on this host, 32 MB of float32 per rank (128 MB in all). The ar
   gather          `%%mpi --gather x --no-inspect` (cell `pass`): the values arrive as views of the ranks'
                   shared-memory segments; the only copy is each rank's, into its segment.
   inspect         the same with the inspector (statistics on the ranks, each rank compared with the first).
+  ..., in sync    the same two arms for ``y``, the same values on every rank (replicas in sync).
   gather, read    the same, then every value read once (`max` of each rank's view, one thread per core): the
                   least any inspector in the notebook pays, the first touch of each page of the views included.
   memcpy          one `np.copyto` of 128 MB in this process (the anchor the targets are written against).
@@ -49,9 +50,9 @@ def parallel_copy(pool, target, source, workers):
         done.result()
 
 
-def gather_and_read(ip, pool):
-    ip.run_cell_magic("mpi", "--gather x --no-inspect", "pass")
-    list(pool.map(np.max, [ip.user_ns["x"][r] for r in range(RANKS)]))
+def gather_and_read(ip, pool, name="x"):
+    ip.run_cell_magic("mpi", f"--gather {name} --no-inspect", "pass")
+    list(pool.map(np.max, [ip.user_ns[name][r] for r in range(RANKS)]))
 
 
 def read_all(ip):
@@ -108,7 +109,8 @@ def main():
     ip = shell()
     with contextlib.redirect_stdout(io.StringIO()):
         ip.run_line_magic("mpi", f"start -n {RANKS}")
-    ip.run_cell_magic("mpi", "", f"import numpy as np\nx = np.full({FLOATS}, rank, dtype=np.float32)")
+    ip.run_cell_magic("mpi", "", f"import numpy as np\nx = np.full({FLOATS}, rank, dtype=np.float32)\n"
+                                 f"y = (np.arange({FLOATS}) % 1000).astype(np.float32)")
     payload = RANKS * FLOATS * 4
     one, kept = memory(ip, args.keep)
     source = np.ones(RANKS * FLOATS, dtype=np.float32)
@@ -119,6 +121,8 @@ def main():
         "gather": lambda: ip.run_cell_magic("mpi", "--gather x --no-inspect", "pass"),
         "inspect": lambda: ip.run_cell_magic("mpi", "--gather x", "pass"),
         "gather, read": lambda: gather_and_read(ip, pool),
+        "inspect, in sync": lambda: ip.run_cell_magic("mpi", "--gather y", "pass"),
+        "gather, read, in sync": lambda: gather_and_read(ip, pool, "y"),
         "memcpy": lambda: np.copyto(target, source),
         "memcpy, cores": lambda: parallel_copy(pool, target, source, workers),
     }
@@ -140,6 +144,7 @@ def main():
     (gather, g_iqr), (inspect, i_iqr) = spread(times["gather"]), spread(times["inspect"])
     (memcpy, m_iqr), (cores, c_iqr) = spread(times["memcpy"]), spread(times["memcpy, cores"])
     read, r_iqr = spread(times["gather, read"])
+    (synced, s_iqr), (synced_read, sr_iqr) = spread(times["inspect, in sync"]), spread(times["gather, read, in sync"])
     ms = lambda s, iqr: f"{s * 1e3:.2f} ms ± {iqr * 1e3 / 2:.2f}"  # noqa: E731 - half the IQR
     mb = payload / 2**20
     rows = [
@@ -153,8 +158,11 @@ def main():
          f"{ms(gather, g_iqr)} | {inspect / gather:.2f} | ≤ 1.25 |"),
         (f"| the same | --gather, then every value read once by {workers} threads (the least an inspector pays) | "
          f"{ms(inspect, i_iqr)} | {ms(read, r_iqr)} | {inspect / read:.2f} | |"),
+        (f"| --gather with the inspector, N={RANKS}, replicas in sync (every rank's values the same, as after an "
+         f"allreduce) | --gather, then every value read once by {workers} threads | {ms(synced, s_iqr)} | "
+         f"{ms(synced_read, sr_iqr)} | {synced / synced_read:.2f} | |"),
         (f"| the inspector's one pass (notebook/scan.py: min, max, sum, sum of squares and the difference to rank 0 "
-         f"in 1 MB blocks, {workers} threads; 7 numpy passes over each block, 6 for rank 0), alone | every value read "
+         f"in 1 MB blocks, {workers} threads; 7 numpy passes over each block, 6 for rank 0, 3 for a block that holds rank 0's values), alone | every value read "
          f"once by {workers} threads, alone | {ms(*parts['scan'])} | {ms(*parts['read once'])} | "
          f"{parts['scan'][0] / parts['read once'][0]:.2f} | |"),
         (f"| the inspector's histograms (a strided sample of {HISTOGRAM_SAMPLE:,} values per rank), alone | the same "
