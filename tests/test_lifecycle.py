@@ -1,5 +1,6 @@
 """Start, stop, restart, status and preflight of real MPI worlds; nothing may be left running."""
 
+import contextlib
 import gc
 import json
 import logging
@@ -20,6 +21,7 @@ from IPython.core.error import UsageError
 
 from mpinb.errors import MPIError, NoMPI, RankError
 from mpinb.notebook.cluster import World
+from mpinb.notebook.ipp import process as ipp_process
 from mpinb.notebook.mpis import library_version
 from mpinb.widgets.status import status_widget
 
@@ -39,6 +41,27 @@ def test_one_process_per_rank_and_stop_leaves_nothing(ip, magics, world_of, caps
     assert magics.world is None
     ip.run_line_magic("mpi", "stop")
     assert "no MPI world is running" in capsys.readouterr().out
+
+
+def test_stop_ends_what_the_ranks_started_also_a_process_detached_from_their_session(ip, magics, world_of, mpi):
+    """A helper a rank starts in a session of its own (a data server, a prefetcher) outlived the world: no signal
+    to the ranks' process group reaches it. Every process of a world carries the world's mark in its
+    environment, and stop ends what carries it, as it ends the controller's schedulers that ipyparallel forks
+    while it starts."""
+    world_of(2)
+    started = mpi("import subprocess\nhelper = subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+                  "helper.pid")
+    helpers = [psutil.Process(pid) for pid in started.values()]
+    controller = psutil.Process(ipp_process(magics.world.cluster.controller).pid)
+    schedulers = controller.children(recursive=True)
+    assert schedulers  # forked by the controller: found by their mark, listed or not
+    ip.run_line_magic("mpi", "stop")
+    try:
+        assert_all_gone(helpers + schedulers)
+    finally:
+        for helper in helpers:  # this test's own, by pid, should the assertion fail
+            with contextlib.suppress(psutil.NoSuchProcess):
+                helper.kill()
 
 
 def test_restart_gives_fresh_processes_and_forgets_names(ip, magics, world_of, mpi):

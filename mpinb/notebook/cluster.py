@@ -137,6 +137,7 @@ class World:
         self.receiver = None  # the notebook's end of the ranks' shared-memory segments (--gather)
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
+        self._prepared_at = 0.0  # when this start's status folder was made (leftovers.marked)
         self._lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
         self.warned = set()  # what was said once about this world's ranks (replicas that drifted apart)
         self._reaper = None
@@ -206,6 +207,7 @@ class World:
         (removed at stop)."""
         self.heartbeat_ms = int(self.heartbeat_choice or heartbeat_period(self.size))
         self.status_dir = tempfile.mkdtemp(prefix="mpinb-world-")
+        self._prepared_at = time.time() - 1.0  # before anything of this start runs (start times are rounded)
 
     def launching(self, cluster):
         """This start's ipyparallel *cluster*, configured, nothing launched yet: from now on the world is stopped
@@ -263,7 +265,8 @@ class World:
     # ------------------------------------------------------------------ stop
 
     def stop(self, *, kill=False):
-        """Stop every process this world started; those that do not exit in time are killed by pid.
+        """Stop every process this world started, and every process they started on this host (detached from their
+        session or not); those that do not exit in time are killed by pid.
 
         *kill* kills the ranks at once (they are known to be stuck, so waiting for them is pointless). A Stop
         (SIGINT) meanwhile waits for it: a stop cut half-way would leave processes nobody can end.
@@ -312,6 +315,11 @@ class World:
             log.info("Slurm job %s leaves the queue once Slurm gives up on %s, which cannot be reached", job.job_id,
                      ", ".join(sorted(silent)))
         end_processes(processes, grace=5)
+        if self.status_dir:  # what the listed processes started that was not listed: the controller's schedulers
+            # forked while a failed start was stopped, a process a rank detached from its session
+            strays = leftovers.marked(self.status_dir, self._prepared_at)
+            signal_all(strays, "terminate")
+            end_processes(strays, grace=2)
         self._remove_shared_files()
         if self._reaper is not None and self.kept_state.holds():
             self.kept_state.adopt(self._reaper)  # the ranks' variables outlive the world, until the kernel does

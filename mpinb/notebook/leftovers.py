@@ -30,6 +30,25 @@ def start_reaper(processes, status_dir, *, job=None, kept=None, previous=None):
                             stderr=subprocess.DEVNULL)
 
 
+MARK = "MPINB_STATUS_DIR"  # in the environment of every process of a world on this host: its status folder
+
+
+def marked(value, since):
+    """This user's processes on this host started at or after *since* (a time) whose environment says *MARK* =
+    *value*: whatever a world's processes started, detached or forked after mpinb listed them (ipyparallel's
+    controller forks its schedulers while it starts), which stopping the listed ones leaves running."""
+    found = []
+    for process in psutil.process_iter(["uids", "create_time"]):
+        try:
+            if process.info["uids"].real != os.getuid() or process.info["create_time"] < since:
+                continue
+            if process.environ().get(MARK) == value and process.pid != os.getpid():
+                found.append(process)
+        except (psutil.Error, AttributeError):  # gone meanwhile, or a process we may not read
+            continue
+    return found
+
+
 def mapped_shared_files(processes):
     """Shared-memory files *processes* have mapped (MPI's own segments among them)."""
     files = set()

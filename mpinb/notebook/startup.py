@@ -11,7 +11,7 @@ import time
 from ..errors import BadArguments, MPIError, StartInterrupted
 from ..rank import agent
 from ..rank import world as rank_world
-from . import ipp, mpis, stops
+from . import ipp, leftovers, mpis, stops
 from .launchers import is_this_host
 from .reaper import alive
 
@@ -171,8 +171,10 @@ class Startup:
         # on this host the ranks start while the controller does, and wait for this copy of its engine file:
         # the controller writes its own in place, and an engine that read it half-written exited
         self.engine_file = os.path.join(world.status_dir, "engine.json")
-        environment = {"MPINB_STATUS_DIR": world.status_dir, **world.kept_state.environment(world.size),
+        environment = {leftovers.MARK: world.status_dir, **world.kept_state.environment(world.size),
                        **mpi.environment()}
+        # the controller carries the world's mark too, and so does every process it forks: stop finds them all
+        config.LocalControllerLauncher.environment = {leftovers.MARK: world.status_dir}
         if world.loopback:
             environment.update(LOOPBACK_ENV)
         local = not world.placement.batch and not world.placement.hostfile
