@@ -266,7 +266,11 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
         reply = client.execute_interactive(
             "%load_ext mpinb\n%mpi start -n 2\nimport json\n"
             "world = get_ipython().magics_manager.registry['MPIMagics'].world\n"
-            "print('PIDS', json.dumps([p.pid for p in world.processes]))\nprint('KEPT', world.kept_state.root)",
+            "print('PIDS', json.dumps([p.pid for p in world.processes]))\nprint('KEPT', world.kept_state.root)\n"
+            # a helper each rank detaches from its session, which no signal to the ranks' group reaches
+            "helpers = get_ipython().run_cell_magic('mpi', '--no-stream', \"import subprocess\\n\"\n"
+            "    \"subprocess.Popen(['sleep', '600'], start_new_session=True).pid\")\n"
+            "print('HELPERS', json.dumps(list(helpers.values())))",
             timeout=120, output_hook=lambda msg: outputs.append(msg))
         assert reply["content"]["status"] == "ok"
     finally:
@@ -274,6 +278,7 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
     text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
     pids = json.loads(text.split("PIDS", 1)[1].splitlines()[0])
     kept = Path(text.split("KEPT ", 1)[1].splitlines()[0])  # where the ranks keep their variables
+    helpers = [psutil.Process(pid) for pid in json.loads(text.split("HELPERS", 1)[1].splitlines()[0])]
     names = {psutil.Process(pid).name() for pid in pids}
     assert {"mpiexec", "hydra_pmi_proxy"} <= names and len(pids) >= 6 and kept.is_dir()
     processes = [psutil.Process(pid) for pid in pids]
@@ -294,7 +299,12 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
     else:
         manager.shutdown_kernel(now=True)  # SIGKILL: no atexit runs in the kernel
     assert end != "kill after a rank died" or kept.is_dir()  # it was there after the death, for a restart
-    assert_all_gone(processes, timeout=20)
+    try:
+        assert_all_gone(processes + helpers, timeout=20)
+    finally:
+        for helper in helpers:  # this test's own, by pid, should the assertion fail
+            with contextlib.suppress(psutil.NoSuchProcess):
+                helper.kill()
     deadline = time.monotonic() + 20  # a killed kernel's folder goes with its watcher, which polls once a second
     while kept.exists() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -46,6 +46,14 @@ def main(argv):
                        timeout=60, check=False)
     signal_all(processes, "terminate")
     end_processes(processes, grace=3)
+    if status_dir and not alive(watched):  # what they started that was not listed (cluster.World.stop does it
+        # when the kernel stops the world)
+        from .leftovers import marked
+
+        since = min((process.create_time() for process in processes), default=0.0) - 1.0
+        strays = marked(status_dir, since)
+        signal_all(strays, "terminate")
+        end_processes(strays, grace=2)
     remove_world_files(status_dir, [process.pid for process in processes])
     if forget:
         while alive(watched):  # the world ended, its kernel lives: a restart may still restore what is kept
