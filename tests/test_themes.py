@@ -269,9 +269,10 @@ for step in range(40):
     mpinb.report(step=step, loss=float("nan") if nan else 1.0 / (step + 1) + 0.3 * rank)
     time.sleep(0.04 if rank == 2 else 0.01)"""
 
-GATHER = """%%mpi --gather same x y
+GATHER = """%%mpi --gather same x y mask
 import numpy as np
 same = np.linspace(-1, 1, 1000)
+mask = np.full(1000, np.finfo(np.float32).min, dtype=np.float32)  # one value, as an attention mask is filled
 x = np.linspace(-1, 1, 1000) * (1.5 if rank == 3 else 1.0)
 y = np.ones(10)
 if rank == 2:

@@ -191,7 +191,13 @@ def histograms_figure(panels, *, x_label, columns=3, width=300, height=190):
             same = identical_groups(histograms)
             ax.set_xlabel(x_label + "".join(f"; {_ranks(group, len(histograms))} identical" for group in same),
                           fontsize=8)
-            ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
+            low, high = ax.get_xlim()
+            middle = (low + high) / 2
+            if high - low < 1e-3 * abs(middle):  # one value far from 0 (a mask filled with float32's lowest):
+                # matplotlib wrote its offset over the axis label, and the ticks told nothing apart
+                ax.set_xticks([middle], [f"{middle:.4g}"])
+            else:
+                ax.ticklabel_format(axis="x", style="sci", scilimits=(-3, 4))
         _title(ax, _clip(title, 48), size=9)
         ax.tick_params(labelsize=7)
     if keyed:  # one line width in the key: the curves' widths only tell identical ranks apart
