@@ -67,3 +67,10 @@ def test_fortran_order_is_read_as_it_lies(base):
     square = base[:700 * 1000].reshape(700, 1000)
     arrays = {0: np.asfortranarray(square), 1: np.asfortranarray(square * 2)}
     assert_scanned(arrays)
+
+
+def test_sums_past_float32s_range_leave_it_to_the_exact_path():
+    """A mask filled with float32's lowest value: its values are finite, their float32 sums are not."""
+    lowest = np.full(2 * scanning.BLOCK, np.finfo(np.float32).min, dtype=np.float32)
+    with np.errstate(all="raise"):  # nothing said about the overflow: it is found, not warned of
+        assert scanning.scan({0: lowest, 1: lowest.copy()}) is None

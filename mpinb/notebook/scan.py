@@ -35,6 +35,8 @@ def scan(arrays):
     parts = [part.result() for part in parts]
     if any(part is None for part in parts):
         return None
+    if not all(math.isfinite(part[i][k]) for part in parts for i in range(len(ranks)) for k in (2, 3)):
+        return None  # sums past float32's range (values past 1e19): the exact path sums in float64
     out = {}
     for i, rank in enumerate(ranks):
         low = min(part[i][0] for part in parts)
@@ -51,6 +53,11 @@ def _scan_range(flat, start, stop):
     value there is not finite."""
     acc = [[math.inf, -math.inf, 0.0, 0.0, 0.0] for _ in flat]
     work = np.empty(min(BLOCK, stop - start), dtype=flat[0].dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found in the sums (scan), not said
+        return _scan_blocks(flat, start, stop, acc, work)
+
+
+def _scan_blocks(flat, start, stop, acc, work):
     for begin in range(start, stop, BLOCK):
         end = min(stop, begin + BLOCK)
         reference = flat[0][begin:end]

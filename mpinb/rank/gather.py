@@ -285,7 +285,12 @@ def leaf_stats(array, dtype, device):
             return stats
         low, high = float(values.min()), float(values.max())
     with np.errstate(over="ignore"):
-        stats.update(min=low, max=high, mean=float(values.mean()), norm=float(np.linalg.norm(values.ravel())))
+        # summed in float64: float32's sums overflow for values past 1e19 (a mask of float32's lowest value)
+        norm = float(np.linalg.norm(values.ravel()))
+        if math.isinf(norm):  # the squares overflowed, not the values: scaled down first (a copy, this case only)
+            scale = max(abs(low), abs(high))
+            norm = scale * float(np.linalg.norm(values.ravel().astype(np.float64) / scale))
+        stats.update(min=low, max=high, mean=float(values.mean(dtype=np.float64)), norm=norm)
     if math.isfinite(low) and math.isfinite(high):
         flat = values.ravel()
         stride = -(-flat.size // HISTOGRAM_SAMPLE)
