@@ -285,7 +285,8 @@ def leaf_stats(array, dtype, device):
             return stats
         low, high = float(values.min()), float(values.max())
     with np.errstate(over="ignore"):
-        # summed in float64: float32's sums overflow for values past 1e19 (a mask of float32's lowest value)
+        # float32's sums overflow for values past 1e19 (a mask filled with float32's lowest value): the mean is
+        # summed in float64, and a norm that overflowed is taken again of the values scaled down
         norm = float(np.linalg.norm(values.ravel()))
         if math.isinf(norm):  # the squares overflowed, not the values: scaled down first (a copy, this case only)
             scale = max(abs(low), abs(high))
