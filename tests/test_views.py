@@ -147,6 +147,18 @@ def test_a_tensor_of_one_value_is_drawn_in_one_bin_even_the_lowest_float(world_o
             assert stats["mean"] == stats["min"] and stats["norm"] == pytest.approx(abs(stats["min"]) * 200, rel=1e-6)
         widget = inspector_widget([report])
         assert len(widget.histogram.marks) == 2  # a curve per rank (identical ones nested, each visible)
+    # the live chart's value axis: one tick at the mask's value (five read "-3.4e+38"), automatic ones again for
+    # the next leaf chosen
+    reports = inspect_gathered({"mask": ip.user_ns["mask"], "ones": ip.user_ns["ones"]}, magics.last.gather_stats)
+    widget = inspector_widget(reports)
+    axis, leaf = widget.histogram.axes[0], {report.name: i for i, report in enumerate(reports)}
+    for name in ("ones", "mask", "ones"):
+        widget.chooser.value = leaf[name]
+        if name == "mask":
+            assert list(axis.tick_values) == [pytest.approx(float(np.finfo(np.float32).min))]
+            assert axis.tick_format == ".4g"
+        else:
+            assert axis.tick_values is None and axis.tick_format == ".2~g"
 
 
 def test_picking_another_layer_rescales_the_histogram(world_of, magics, mpi):

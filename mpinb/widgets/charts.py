@@ -301,6 +301,9 @@ def _next_step(step):
     return (2 if lead == 1 else 5 if lead == 2 else 10) * scale
 
 
+X_TICKS = ".2~g"  # a histogram's value ticks: few, compact
+
+
 def histogram_figure(title, x_label, width):
     """An empty figure for per-rank histograms (the tensor inspector's, ``%mpi grads``'s); see :func:`draw_histograms`.
 
@@ -310,7 +313,7 @@ def histogram_figure(title, x_label, width):
     """
     x_scale, y_scale = bqplot.LinearScale(), bqplot.LinearScale(min=0.0)
     figure = bqplot.Figure(marks=[], title=title,
-                           axes=[bqplot.Axis(scale=x_scale, label=x_label, tick_format=".2~g", num_ticks=5,
+                           axes=[bqplot.Axis(scale=x_scale, label=x_label, tick_format=X_TICKS, num_ticks=5,
                                              label_offset="34px"),
                                  bqplot.Axis(scale=y_scale, side="left", label="count", tick_format="~s",
                                              tick_values=np.array(count_ticks(1)), label_offset="44px")],
@@ -345,6 +348,12 @@ def draw_histograms(figure, histograms, *, legend=None):
                 low, high = low - 0.5, high + 0.5
             with x_scale.hold_sync():
                 x_scale.min, x_scale.max = float(low), float(high)
+            middle, x_axis = (low + high) / 2, figure.axes[0]
+            if high - low < 1e-3 * abs(middle):  # one value far from 0 (a mask filled with float32's lowest):
+                # five ticks that all read -3.4e+38; one, at the value, says it
+                x_axis.tick_values, x_axis.tick_format = np.array([float(middle)]), ".4g"
+            else:
+                x_axis.tick_values, x_axis.tick_format = None, X_TICKS
             y_scale.max = float(top) * 1.05 if top else 1.0
             figure.axes[1].tick_values = np.array(count_ticks(top or 1))
             figure.title = title
