@@ -37,16 +37,24 @@ def marked(value, since):
     """This user's processes on this host started at or after *since* (a time) whose environment says *MARK* =
     *value*: whatever a world's processes started, detached or forked after mpinb listed them (ipyparallel's
     controller forks its schedulers while it starts), which stopping the listed ones leaves running."""
-    found = []
+    found, here = [], _host_namespace("self")
     for process in psutil.process_iter(["uids", "create_time"]):
         try:
             if process.info["uids"].real != os.getuid() or process.info["create_time"] < since:
                 continue
-            if process.environ().get(MARK) == value and process.pid != os.getpid():
+            # this host's only: a container, or a test's network namespace standing for another host, may share
+            # the kernel's process table, and the batch system or mpiexec ends what runs there
+            if process.environ().get(MARK) == value and process.pid != os.getpid() and \
+                    _host_namespace(process.pid) == here:
                 found.append(process)
-        except (psutil.Error, AttributeError):  # gone meanwhile, or a process we may not read
+        except (psutil.Error, AttributeError, OSError):  # gone meanwhile, or a process we may not read
             continue
     return found
+
+
+def _host_namespace(pid):
+    """The UTS and network namespaces of process *pid* (``"self"``: this one): what makes a host of it."""
+    return tuple(os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("uts", "net"))
 
 
 def mapped_shared_files(processes):
