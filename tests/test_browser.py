@@ -99,27 +99,45 @@ def notebook_of(tmp_path, name, sources):
 
 
 @contextlib.contextmanager
-def notebook_in_lab(root, name, tmp_path, monkeypatch, *, viewport, screenshot):
-    """JupyterLab on loopback with the test's own settings, notebook *name* of *root* open in Chromium and its
-    kernel idle: yields ``(page, cells)``; the page is saved to *screenshot* in test-artifacts/ in any case."""
-    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(tmp_path / "settings")))
-    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
+def lab(root, settings, monkeypatch):
+    """JupyterLab on loopback serving *root*, with user settings of its own in *settings*, and Chromium: yields
+    ``(server, browser)``."""
+    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(settings / "settings")))
+    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(settings / "workspaces"))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with JupyterServer(root) as server, playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport=viewport)
-            page.console_errors = []  # what the page logged as errors, and its uncaught exceptions
-            page.on("console", lambda message: message.type == "error" and not BQPLOT_UNSIZED.match(message.text)
-                    and page.console_errors.append(message.text))
-            page.on("pageerror", lambda error: page.console_errors.append(str(error)))
-            page.goto(f"{server.url}/lab/tree/{name}?reset&token={server.token}")
-            page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
-            yield page, page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
-        finally:  # also when something failed: the page shows why
-            page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
+            yield server, browser
+        finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def notebook_page(server, browser, name, *, viewport, screenshot):
+    """Notebook *name* open in a page of its own and its kernel idle: yields ``(page, cells)``; the page is saved to
+    *screenshot* in test-artifacts/ in any case, then closed."""
+    page = browser.new_page(viewport=viewport)
+    try:
+        page.console_errors = []  # what the page logged as errors, and its uncaught exceptions
+        page.on("console", lambda message: message.type == "error" and not BQPLOT_UNSIZED.match(message.text)
+                and page.console_errors.append(message.text))
+        page.on("pageerror", lambda error: page.console_errors.append(str(error)))
+        page.goto(f"{server.url}/lab/tree/{name}?reset&token={server.token}")
+        page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
+        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        yield page, page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
+    finally:  # also when something failed: the page shows why
+        page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
+        page.close()
+
+
+@contextlib.contextmanager
+def notebook_in_lab(root, name, tmp_path, monkeypatch, *, viewport, screenshot):
+    """JupyterLab of the test's own with notebook *name* of *root* open in Chromium (:func:`notebook_page`)."""
+    with lab(root, tmp_path, monkeypatch) as (server, browser):
+        with notebook_page(server, browser, name, viewport=viewport, screenshot=screenshot) as opened:
+            yield opened
 
 
 def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkeypatch):
@@ -348,19 +366,39 @@ def reopened_text(notebook, index):
                    for output in notebook.cells[index].outputs)
 
 
+@pytest.fixture(scope="module")
+def tutorials_lab(tmp_path_factory):
+    """One JupyterLab and one Chromium for every tutorial's run, serving a copy of notebooks/ as ``make lab`` does:
+    ``(server, browser, record)``. The server's kernels note their worlds in *record*, made before the server
+    started (a kernel takes the server's environment)."""
+    folder = tmp_path_factory.mktemp("tutorials")
+    root = folder / "notebooks"
+    shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    record = new_world_tag()
+    with pytest.MonkeyPatch.context() as monkeypatch, lab(root, folder, monkeypatch) as (server, browser):
+        yield server, browser, record
+
+
+def shut_down(server, name):
+    """End the kernel of notebook *name*'s session, as closing it with its kernel does (and with it its world)."""
+    for session in server.request("GET", "/api/sessions"):
+        if session["path"] == name:
+            server.request("DELETE", f"/api/sessions/{session['id']}")
+
+
 @pytest.mark.parametrize("name", sorted(path.name for path in NOTEBOOKS.glob("*.ipynb")))
-def test_each_tutorial_runs_in_jupyterlab_without_a_console_error(name, tmp_path, monkeypatch):
+def test_each_tutorial_runs_in_jupyterlab_without_a_console_error(name, tutorials_lab):
     """Every tutorial, run cell by cell in JupyterLab as a reader would: the browser logs no error, no output
-    reads "Error displaying widget", and each view it draws is kept as a screenshot in test-artifacts/."""
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    shutil.copy(NOTEBOOKS / name, root / name)
-    shutil.copytree(NOTEBOOKS / "images", root / "images")  # the drawings the tutorials show, as make lab has them
-    count = len(nbformat.read(root / name, as_version=4).cells)
+    reads "Error displaying widget", and each view it draws is kept as a screenshot in test-artifacts/. The
+    tutorials share one server and browser, each in a page of its own; its kernel is ended after it, and with
+    it every rank it started."""
+    server, browser, tag = tutorials_lab
+    count = len(nbformat.read(NOTEBOOKS / name, as_version=4).cells)
     stem = name.removesuffix(".ipynb")
-    tag = new_world_tag()
-    with notebook_in_lab(root, name, tmp_path, monkeypatch, viewport={"width": 1300, "height": 1400},
-                         screenshot=f"tutorial-{stem}.png") as (page, cells):
+    with contextlib.ExitStack() as stack:
+        stack.callback(shut_down, server, name)
+        page, cells = stack.enter_context(notebook_page(server, browser, name, screenshot=f"tutorial-{stem}.png",
+                                                        viewport={"width": 1300, "height": 1400}))
         deadline = time.monotonic() + 30
         while cells.count() < count and time.monotonic() < deadline:
             time.sleep(0.2)
