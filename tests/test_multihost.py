@@ -359,6 +359,9 @@ def test_on_loopback_a_replayed_stream_gets_through_to_the_channel_and_each_mess
         ["line", "start -n 2"],
         ["eval", f"{WORLD}.channel.encrypt"],
         ["cell", "", SOURCE + "\nimport mpinb\nfor step in range(5):\n    mpinb.report(step=step, loss=1.0)"],
+        # a frame after every one of the cell's: once the capture saw it, it saw them all (without it, stop
+        # waited its 30 s for a frame that never came)
+        ["eval", "__import__('socket').socket(2, 2).sendto(b'mpinb-plain-text-control', ('127.0.0.1', 9))"],
         ["eval", f"__import__('capture').stop({str(pcap)!r}, until=b'mpinb-plain-text-control')"],
         ["eval", f"__import__('capture').replay({str(pcap)!r}, '127.0.0.1', "
                  f"int({WORLD}.channel.events_url.rsplit(':', 1)[1]))"],
@@ -372,9 +375,11 @@ def test_on_loopback_a_replayed_stream_gets_through_to_the_channel_and_each_mess
     steps = json.loads(lines[-1].removeprefix("RESULT "))["steps"]
     assert all(step["raised"] is None for step in steps), [step["raised"] for step in steps]
     assert steps[2]["value"] == "False" and "[rank 1] mpinb-output-123" in steps[3]["stdout"]
-    assert b"mpinb-output-123" in __import__("capture").payload(pcap)  # in clear on loopback: signed, not hidden
-    dropped = eval(steps[6]["value"])
+    wire = __import__("capture").payload(pcap)
+    assert b"mpinb-plain-text-control" in wire  # the capture went on until it saw the marker
+    assert b"mpinb-output-123" in wire  # in clear on loopback: signed, not hidden
+    dropped = eval(steps[7]["value"])
     assert dropped.get("replayed", 0) >= 1 and set(dropped) == {"replayed"}, dropped
-    assert sorted(steps[7]["stdout"].splitlines()) == ["[rank 0] after", "[rank 1] after"]
-    assert steps[8]["value"] == "10"  # each rank's 5 reports, once: the replayed ones were not taken
+    assert sorted(steps[8]["stdout"].splitlines()) == ["[rank 0] after", "[rank 1] after"]
+    assert steps[9]["value"] == "10"  # each rank's 5 reports, once: the replayed ones were not taken
     assert hosts.pids_on(0) == []
