@@ -69,7 +69,7 @@ def kind(process):
         line = " ".join(process.cmdline())
     except psutil.Error:
         return None
-    for needle, name in (("ipyparallel.controller", "controller"), ("ipyparallel.engine", "ranks (engines)"),
+    for needle, name in (("mpinb.notebook.controller", "controller"), ("ipyparallel.engine", "ranks (engines)"),
                          ("mpinb.rank.launch", "ranks' parents"), ("hydra_pmi_proxy", "mpiexec and proxies"),
                          ("mpiexec", "mpiexec and proxies"), ("mpinb.notebook.reaper", "reaper")):
         if needle in line:

@@ -45,3 +45,21 @@ def test_the_launcher_attributes_mpinb_reads_are_where_it_reads_them():
             assert hasattr(cls, name) or name in cls.class_traits(), f"{cls.__name__}.{name} is gone"
     assert isinstance(inspect.getattr_static(ControllerLauncher, "connection_files"), property), (
         "ControllerLauncher.connection_files is gone: the world's key files would be left behind")
+
+
+def test_the_controller_mpinb_runs_still_sleeps_only_where_it_skips_the_sleep():
+    """``notebook/controller.py`` runs ``init_hub`` with ``time.sleep`` of ipyparallel's controller module a no-op:
+    that sleep is still there (else the module is needed no more), and it is the only use of ``time`` there."""
+    from ipyparallel.controller import app
+
+    from mpinb.notebook import controller
+
+    assert "IPController.init_hub's time.sleep" in ipp.PRIVATE
+    assert "time.sleep(" in inspect.getsource(app.IPController.init_hub), "init_hub no longer sleeps"
+    uses = re.findall(r"\btime\.(\w+)", inspect.getsource(app))
+    assert uses == ["sleep"], f"ipyparallel's controller module now uses time.{uses}: check the shim still fits"
+    with controller._without_sleep():
+        assert app.time.sleep(60) is None  # returns at once (the suite has a timeout)
+        assert app.time.monotonic() > 0  # the rest of the time module as it is
+    assert app.time is __import__("time")
+    assert controller.Controller.init_hub is not app.IPController.init_hub

@@ -79,7 +79,7 @@ def test_restart_gives_fresh_processes_and_forgets_names(ip, magics, world_of, m
 
 
 def controller_setting(world, name):
-    controller = next(p for p in world_processes(world) if "ipyparallel.controller" in " ".join(p.cmdline()))
+    controller = next(p for p in world_processes(world) if "mpinb.notebook.controller" in " ".join(p.cmdline()))
     return int(next(arg for arg in controller.cmdline() if arg.startswith(f"--{name}=")).split("=")[1])
 
 

@@ -18,6 +18,8 @@ from ..errors import BadArguments
 PRIVATE = {  # what is used -> why no public API does
     "BatchSystemLauncher._run_command": "the only place the scheduler's refusal (sbatch's stderr) can be read",
     "Cluster._async_thread, Cluster._thread_loop": "the event-loop thread *_sync calls start is never stopped",
+    "IPController.init_hub's time.sleep": "a fixed 0.25 s before the connection files are written; no setting "
+                                          "skips it (notebook/controller.py)",
 }
 
 

@@ -175,6 +175,8 @@ class Startup:
                        **mpi.environment()}
         # the controller carries the world's mark too, and so does every process it forks: stop finds them all
         config.LocalControllerLauncher.environment = {leftovers.MARK: world.status_dir}
+        # ipyparallel's controller, less a quarter second's sleep before it writes its connection files
+        config.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "mpinb.notebook.controller"]
         if world.loopback:
             environment.update(LOOPBACK_ENV)
         local = not world.placement.batch and not world.placement.hostfile
