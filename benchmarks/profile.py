@@ -159,9 +159,24 @@ def round_trip(ip, magics, size, cells):
     machine = (machine_busy() - busy) / cells - quiet * wall
     notebook = (time.process_time() - notebook) / cells
     on_ranks = (sum(cpu(process) for process in ranks) - before) / cells
+    links = chain(magics.world, cells)
     with contextlib.redirect_stdout(io.StringIO()):
         ip.run_line_magic("mpi", "stop")
-    return wall, notebook, on_ranks, machine
+    return wall, notebook, on_ranks, machine, links
+
+
+def chain(world, cells):
+    """Medians over *cells* cells that return ``time.monotonic()`` on each rank (one clock on one machine): from
+    the notebook's call until the first rank runs the cell, from the first rank to the last, and from the last
+    until the notebook has every result."""
+    links = []
+    for _ in range(cells):
+        began = time.monotonic()
+        result = dispatch.dispatch(world, "__import__('time').monotonic()", stream=False)
+        ended = time.monotonic()
+        runs = sorted(float(value) for value in result.values.values())
+        links.append((runs[0] - began, runs[-1] - runs[0], ended - runs[-1]))
+    return [statistics.median(link[i] for link in links) for i in range(3)]
 
 
 def main():
@@ -181,12 +196,18 @@ def main():
     lines += ["", "| N | round trip | notebook CPU per cell | ranks' CPU per cell (per rank) | "
               "(ranks + notebook) / cores | the whole machine's CPU per cell (/proc/stat, less its load in the "
               "second before) / cores |", "|---|---|---|---|---|---|"]
+    chains = []
     for size in (int(s) for s in args.sizes.split(",")):
-        wall, notebook, on_ranks, machine = round_trip(ip, magics, size, args.cells)
+        wall, notebook, on_ranks, machine, links = round_trip(ip, magics, size, args.cells)
         floor = (notebook + on_ranks) / cores
         lines.append(f"| {size} | {wall * 1e3:.2f} ms | {notebook * 1e3:.2f} ms | {on_ranks * 1e3:.2f} ms "
                      f"({on_ranks / size * 1e6:.0f} µs) | {floor * 1e3:.2f} ms | {machine / cores * 1e3:.2f} ms |")
         print(lines[-1], file=sys.stderr)
+        chains.append(f"| {size} | " + " | ".join(f"{link * 1e3:.2f} ms" for link in links) + " |")
+    lines += ["", "One cell's chain (`dispatch` of a cell returning `time.monotonic()` on each rank, medians): what "
+              "happens before the first rank runs and after the last one has run cannot overlap the ranks' work.",
+              "", "| N | notebook's call → first rank runs the cell | first → last rank | last rank → every result "
+              "in the notebook |", "|---|---|---|---|", *chains]
     header = (f"{MARK}\n## Where the time goes\n\n`python benchmarks/profile.py --start-ranks {args.start_ranks} "
               f"--starts {args.starts} --sizes {args.sizes} --cells {args.cells}`, {datetime.date.today()}, "
               f"{platform.node()}, {cores} cores.\n\n")
