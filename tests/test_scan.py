@@ -74,3 +74,19 @@ def test_sums_past_float32s_range_leave_it_to_the_exact_path():
     lowest = np.full(2 * scanning.BLOCK, np.finfo(np.float32).min, dtype=np.float32)
     with np.errstate(all="raise"):  # nothing said about the overflow: it is found, not warned of
         assert scanning.scan({0: lowest, 1: lowest.copy()}) is None
+
+
+def test_a_difference_past_float32s_range_is_taken_in_float64():
+    """Finite float32 values of opposite signs near its largest: their difference (6.8e38) is not a float32. The
+    scan leaves such a leaf to the exact path (a square past 1.8e19 overflows its float32 sums first), which takes
+    that difference in float64, not as inf."""
+    from mpinb.notebook.leaf_reports import _difference
+
+    largest = np.finfo(np.float32).max
+    arrays = {rank: np.zeros(2 * scanning.BLOCK, dtype=np.float32) for rank in (0, 1)}
+    arrays[0][scanning.BLOCK + 3], arrays[1][scanning.BLOCK + 3] = largest, -largest
+    assert scanning.scan(arrays) is None
+    same, difference = _difference(arrays[1], arrays[0])
+    assert not same and difference == 2 * float(largest)
+    arrays[1][5] = np.inf  # a value not finite: inf is the difference there
+    assert _difference(arrays[1], arrays[0]) == (False, math.inf)

@@ -220,6 +220,10 @@ def _difference(array, reference):
                 difference = np.subtract(x, y, out=work[:x.size], dtype=work.dtype)
                 np.abs(difference, out=difference)
             chunk = difference.max()
+            if math.isinf(chunk) and a.dtype.kind == "f" and a.dtype.itemsize < 8:  # finite values whose
+                # difference is past the dtype's range (float32: 3e38 and -3e38), or values not finite
+                difference = np.abs(np.subtract(x, y, dtype=np.float64))
+                chunk = difference.max()
             if math.isnan(chunk):
                 if not np.array_equal(x, y, equal_nan=True):
                     return False, math.nan
