@@ -99,13 +99,15 @@ def notebook_of(tmp_path, name, sources):
 
 
 @contextlib.contextmanager
-def lab(root, settings, monkeypatch):
-    """JupyterLab on loopback serving *root*, with user settings of its own in *settings*, and Chromium: yields
-    ``(server, browser)``."""
+def lab(root, settings, monkeypatch, *, server_args=()):
+    """JupyterLab on loopback serving *root* (*server_args* added to its command line), with user settings of its
+    own in *settings*, and Chromium: yields ``(server, browser)``."""
     monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(settings / "settings")))
     monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(settings / "workspaces"))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with JupyterServer(root) as server, playwright.sync_playwright() as driver:
+    server = JupyterServer(root)
+    server.args += server_args
+    with server, playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         try:
             yield server, browser
@@ -114,9 +116,9 @@ def lab(root, settings, monkeypatch):
 
 
 @contextlib.contextmanager
-def notebook_page(server, browser, name, *, viewport, screenshot):
+def notebook_page(server, browser, name, *, viewport, screenshot=None):
     """Notebook *name* open in a page of its own and its kernel idle: yields ``(page, cells)``; the page is saved to
-    *screenshot* in test-artifacts/ in any case, then closed."""
+    *screenshot* in test-artifacts/ (if named) in any case, then closed."""
     page = browser.new_page(viewport=viewport)
     try:
         page.console_errors = []  # what the page logged as errors, and its uncaught exceptions
@@ -128,7 +130,8 @@ def notebook_page(server, browser, name, *, viewport, screenshot):
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         yield page, page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
     finally:  # also when something failed: the page shows why
-        page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
+        if screenshot:
+            page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
         page.close()
 
 

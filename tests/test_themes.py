@@ -424,29 +424,13 @@ HEATMAP_FILLS = """root => [...root.querySelectorAll('.bqplot rect')].filter(r =
 def lab(root, name, tmp_path, monkeypatch, *, viewport):
     """JupyterLab (its app exposed to the page, to switch themes) with notebook *name* of *root* open in Chromium,
     the kernel idle: yields the page and its cells."""
-    from test_browser import BQPLOT_UNSIZED, CHROMIUM_ARGS, chromium, lab_settings
+    pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
+    import test_browser
 
-    from lab_server import JupyterServer
-
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
-    monkeypatch.setenv("JUPYTERLAB_SETTINGS_DIR", str(lab_settings(tmp_path / "settings")))
-    monkeypatch.setenv("JUPYTERLAB_WORKSPACES_DIR", str(tmp_path / "workspaces"))
-    server = JupyterServer(root)
-    server.args.append("--LabApp.expose_app_in_browser=True")
-    with server, playwright.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport=viewport)
-            page.console_errors = []
-            page.on("console", lambda message: message.type == "error" and not BQPLOT_UNSIZED.match(message.text)
-                    and page.console_errors.append(message.text))
-            page.on("pageerror", lambda error: page.console_errors.append(str(error)))
-            page.goto(f"{server.url}/lab/tree/{name}?reset&token={server.token}")
-            page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
-            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
-            yield page, page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
-        finally:
-            browser.close()
+    with test_browser.lab(root, tmp_path, monkeypatch, server_args=["--LabApp.expose_app_in_browser=True"]) as (
+            server, browser):
+        with test_browser.notebook_page(server, browser, name, viewport=viewport) as opened:
+            yield opened
 
 
 def use_theme(page, theme):
