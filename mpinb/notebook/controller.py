@@ -16,6 +16,7 @@ import types
 
 from ipyparallel.controller import app
 
+
 class _NoSleep(types.ModuleType):
     """The ``time`` module, less its ``sleep``."""
 
