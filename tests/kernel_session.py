@@ -23,6 +23,7 @@ class Shown:
     prompts: list = field(default_factory=list)
     ename: str = None
     seconds: float = 0.0
+    number: int = None  # the request's execution count (its In[number])
 
     def internal_frames(self):
         """Lines of this output that are frames of mpinb's or ipyparallel's code."""
@@ -80,7 +81,8 @@ class Session:
         late = [delay for delay in stops if delay > seconds]
         if late:
             time.sleep(0.3)
-        return Shown(reply["content"]["status"], _text(out), prompts, reply["content"].get("ename"), seconds)
+        return Shown(reply["content"]["status"], _text(out), prompts, reply["content"].get("ename"), seconds,
+                     reply["content"].get("execution_count"))
 
 
 def _text(messages):

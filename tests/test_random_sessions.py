@@ -15,6 +15,7 @@ hours, its generator ran one action 30 times over in most sequences; a uniform c
 
 import os
 import random
+import re
 import time
 
 import pytest
@@ -27,11 +28,15 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 VERBOSE = bool(os.environ.get("MPINB_SESSION_VERBOSE"))  # each request of each step, as it ends
 # what a cell's text says when mpinb had to give the ranks' variables up, and when it ended the world
 FRESH = ("was restarted with", "was ended", "restart was interrupted", "start of", "restart failed")
+# what a restart after a death says it put back: the cell, and the names
+RESTORED = re.compile(r"\[mpinb\] restored every rank's variables as of In\[(\d+)\], the last cell every rank "
+                      r"finished and kept: (.*) \(")
 
 
 class Sessions:
     """One notebook session: the model is the world's size (``None``: no world and none remembered) and each rank's
-    counter; ``fresh`` means the next cell starts a world (the last one ended, its size remembered)."""
+    counter, and each rank's counter as of the end of every earlier request (a restart after a death puts back the
+    variables of the last cell every rank finished and kept, which one it says)."""
 
     session = None  # the kernel, set by the test
     record = None
@@ -39,13 +44,19 @@ class Sessions:
 
     def __init__(self):
         self.size, self.counters, self.default = None, {}, 2
+        self.as_of, self.unmarked = {}, []  # In[number] -> the counters after it; requests not yet recorded there
         self.run("%load_ext mpinb\n%config MPIMagics.default_ranks = 2\n%config MPIMagics.interrupt_grace = 3.0")
         self.run("%mpi stop")
 
     # ------------------------------------------------------------------ how each step is checked
 
     def run(self, code, **options):
+        # the model's counters now are those after every request before this one (each step updates them after
+        # its request returns)
+        for number in self.unmarked:
+            self.as_of[number] = dict(self.counters)
         shown = self.session.run(code, timeout=150, **options)
+        self.unmarked = [shown.number]
         if VERBOSE:
             print(f"  {code!r:.60} {options.get('stops', '')}: {shown.status} {shown.ename or ''} "
                   f"{shown.seconds:.1f} s", flush=True)
@@ -57,6 +68,17 @@ class Sessions:
         """The model after a step that may have restarted or ended the world: counters gone if it says so."""
         if any(phrase in shown.text for phrase in FRESH):
             self.counters = {}
+
+    def restarted(self, shown):
+        """The model after ``%mpi restart`` came up: fresh ranks, or, after a death, the counters as of the cell
+        it says it restored (when ``counter`` was among the names kept then)."""
+        assert "could not restore" not in shown.text, shown.text
+        restored = RESTORED.search(shown.text)
+        if restored is None:
+            self.counters = {}
+            return
+        number, names = int(restored.group(1)), restored.group(2).split(", ")
+        self.counters = dict(self.as_of[number]) if "counter" in names else {}
 
     def status_is_true(self):
         Sessions.steps += 1
@@ -101,7 +123,7 @@ class Sessions:
             return
         shown = self.run("%mpi restart")
         assert shown.status == "ok", shown.text
-        self.counters = {}
+        self.restarted(shown)
         self.check_status()
 
     def stop_during_lifecycle(self, what, n, at, presses):
@@ -117,7 +139,10 @@ class Sessions:
         else:
             if not what.startswith("%mpi restart"):
                 self.size = n
-            self.counters = {}
+            if what.startswith("%mpi restart") and shown.status == "ok":
+                self.restarted(shown)
+            else:
+                self.counters = {}
             assert shown.status == "ok" or shown.ename in ("StartInterrupted", "Interrupted"), shown.text
         self.check_status()
 
@@ -185,7 +210,7 @@ class Sessions:
         assert shown.status == "error", shown.text
         shown = self.run("%mpi restart")
         assert shown.status == "ok", shown.text
-        self.counters = {}
+        self.restarted(shown)
 
     def gather(self, length):
         size = self.ensure_size()
