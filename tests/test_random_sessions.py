@@ -44,19 +44,18 @@ class Sessions:
 
     def __init__(self):
         self.size, self.counters, self.default = None, {}, 2
-        self.as_of, self.unmarked = {}, []  # In[number] -> the counters after it; requests not yet recorded there
+        self.as_of, self.previous = {}, None  # In[number] -> the counters after it; the last request's number
         self.run("%load_ext mpinb\n%config MPIMagics.default_ranks = 2\n%config MPIMagics.interrupt_grace = 3.0")
         self.run("%mpi stop")
 
     # ------------------------------------------------------------------ how each step is checked
 
     def run(self, code, **options):
-        # the model's counters now are those after every request before this one (each step updates them after
-        # its request returns)
-        for number in self.unmarked:
-            self.as_of[number] = dict(self.counters)
+        # the model's counters now are those after the request before this one (each step updates them after its
+        # request returns)
+        self.as_of[self.previous] = dict(self.counters)
         shown = self.session.run(code, timeout=150, **options)
-        self.unmarked = [shown.number]
+        self.previous = shown.number
         if VERBOSE:
             print(f"  {code!r:.60} {options.get('stops', '')}: {shown.status} {shown.ename or ''} "
                   f"{shown.seconds:.1f} s", flush=True)
