@@ -195,5 +195,6 @@ def test_a_long_cell_says_where_each_rank_is(world_of, mpi, magics, capsys, monk
     mpi("import time, mpinb\nif rank == 1:\n    for step in range(6):\n        mpinb.report(step=step, loss=1.0)\n"
         "    time.sleep(2.5)")
     err = capsys.readouterr().err
-    assert "[mpinb] cell running for 1 s\n[mpinb] rank 0: finished\n[mpinb] rank 1: running, last reported step 5" \
-        in err
+    # the first status comes after 1 s; how many whole seconds it says depends on how busy the machine is
+    assert re.search(r"\[mpinb\] cell running for \d+ s\n\[mpinb\] rank 0: finished\n"
+                     r"\[mpinb\] rank 1: running, last reported step 5\n", err), err
