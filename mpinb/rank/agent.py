@@ -100,7 +100,10 @@ class Agent:
         if not isinstance(message, Cell):
             return
         cell_id, code, number, options = message
-        if self.snapshots is not None:
+        # a call of mpinb's own (who, grads, a flush before a restart) reads the namespace and leaves the pending
+        # snapshot of the user's last cell be; a restore changes it, and is kept as a cell is
+        keeps = options.call is None or snapshots.changes_namespace(options.call)
+        if self.snapshots is not None and keeps:
             self.snapshots.wait()  # the last cell's: never of a namespace a cell is changing
         if self.segments is not None and self.rank in options.released:
             self.segments.release(options.released[self.rank])
@@ -144,7 +147,7 @@ class Agent:
             tracing.state.stop()
             self.outbox.put(TraceEnd(cell_id, spans, dropped))
         self.outbox.reply(self._pack_reply(cell_id, reply, buffers))
-        if self.snapshots is not None and reply.error is None:
+        if self.snapshots is not None and reply.error is None and keeps:
             if options.settings is not None:
                 self.snapshots.complete = options.settings.complete
             self.snapshots.after_cell(cell_id, runner.user_namespace())

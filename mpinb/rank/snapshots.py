@@ -15,6 +15,7 @@ import io
 import math
 import os
 import pickle
+import sys
 import threading
 import time
 
@@ -76,12 +77,21 @@ def _pickler_class():
     import cloudpickle
 
     class Pickler(cloudpickle.Pickler):
-        """cloudpickle, with CPU tensors' bytes out of band (torch pickles them in band, through a copy)."""
+        """cloudpickle, with CPU tensors' bytes out of band (torch pickles them in band, through a copy), the
+        world's own objects (``comm``, ``MPI.COMM_WORLD``) by reference, and the functions and classes of cells
+        bound to the namespace they are loaded into, as if defined there."""
 
         check = staticmethod(lambda: None)  # raises Cancelled when a cell arrived
+        namespace = None  # the rank's namespace: its functions' globals travel as a reference to it
+        world = {}  # id of an object of the world's -> its name (bound to the new world's at load)
 
         def reducer_override(self, obj):
             self.check()
+            name = self.world.get(id(obj))
+            if name is not None:
+                return _world_object, (name,)
+            if obj.__class__ is _LiveNamespace:
+                return _live_namespace, ()
             made_anew = _made_anew(obj)
             if made_anew is not None:
                 raise pickle.PicklingError(made_anew)
@@ -95,7 +105,92 @@ def _pickler_class():
                                  tuple(data.shape), obj.requires_grad, type(obj) is torch.nn.Parameter)
             return super().reducer_override(obj)
 
+        def _dynamic_function_reduce(self, func):
+            reduced = super()._dynamic_function_reduce(func)
+            if self.namespace is None or func.__globals__ is not self.namespace:
+                return reduced
+            # a function of a cell reads the rank's live namespace once restored (a name rebound later is what it
+            # then sees), not a copy of the globals it used: those come back as the snapshot's values, the
+            # world's names (comm, rank, size) as the new world's
+            make, (code, _, *rest), (state, slots), *tail = reduced
+            # (a communicator or process group it reads as a global is not kept, and is listed under its own name)
+            slots["__globals__"] = {key: value for key, value in slots["__globals__"].items()
+                                    if not _hidden(key) and _made_anew(value) is None}
+            return (make, (code, _LIVE, *rest), (state, slots), *tail)
+
     return Pickler
+
+
+class _LiveNamespace:
+    """Stands for the rank's namespace in a snapshot: the globals of the functions defined in cells."""
+
+
+_LIVE = _LiveNamespace()
+_loading_into = None  # the namespace a restore is loading into
+
+
+def _live_namespace():
+    return _loading_into
+
+
+def _world_object(name):
+    """The new world's object for *name*: an MPI predefined communicator, or a name the world defines."""
+    if name.startswith("MPI."):
+        from mpi4py import MPI
+
+        return getattr(MPI, name.removeprefix("MPI."))
+    return _loading_into[name]
+
+
+def _world_objects(namespace):
+    """``{id: name}`` of the objects a world makes itself, which a snapshot keeps by reference."""
+    objects = {}
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None:
+        for name in ("COMM_WORLD", "COMM_SELF", "COMM_NULL"):
+            objects[id(getattr(mpi, name))] = f"MPI.{name}"
+    if "comm" in namespace and id(namespace["comm"]) not in objects:
+        objects[id(namespace["comm"])] = "comm"
+    return objects
+
+
+RANDOM_STATE = "random"  # the manifest's key for the global random generators' state
+
+
+def random_state():
+    """The state of the global random generators this rank has imported: Python's ``random``, numpy's global
+    generator, torch's CPU generator and every CUDA device's (once CUDA is initialised)."""
+    import random
+
+    state = {"random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    torch = _torch()
+    if torch is not None:
+        state["torch"] = torch.get_rng_state().numpy().tobytes()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = [generator.numpy().tobytes() for generator in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_random_state(state):
+    """Put back what :func:`random_state` saved (importing numpy and torch where it holds their state)."""
+    import random
+
+    random.setstate(state["random"])
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
+        if "cuda" in state and torch.cuda.is_available():
+            devices = torch.cuda.device_count()
+            torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                                          for raw in state["cuda"][:devices]])
 
 
 # what a fresh world makes anew rather than restores: it belongs to the world that died (pickled, a DDP
@@ -104,8 +199,9 @@ MADE_ANEW = {
     "DistributedDataParallel": "a DDP wrapper: run the cell that wrapped the model again (the model under it "
                                "is kept where a name holds it)",
     "ProcessGroup": "a process group: run the cell that made it again (mpinb.torch.init_process_group())",
-    "Intracomm": "a communicator of the world that died", "Intercomm": "a communicator of the world that died",
-    "Cartcomm": "a communicator of the world that died", "Graphcomm": "a communicator of the world that died",
+    **dict.fromkeys(("Intracomm", "Intercomm", "Cartcomm", "Graphcomm", "Distgraphcomm", "Topocomm"),
+                    "a communicator made in a cell (comm.Split, comm.Dup, Create_cart...) of the world that died: "
+                    "run the cell that made it again"),
     "Request": "an MPI request of the world that died", "Win": "an MPI window of the world that died",
     "File": "an MPI file of the world that died",
 }
@@ -156,6 +252,7 @@ class Snapshots:
         self.manifests = {}  # cell -> the buffers (hashes) its snapshot names
         self.lock = threading.Condition()
         self.pending = None  # (cell, namespace items) to take once the rank was idle long enough
+        self.namespace = None  # the namespace those items are of (its functions' globals)
         self.due = None
         self.busy = False  # a snapshot is being taken
         self.asleep = False  # the thread waits with nothing pending (a new snapshot must wake it)
@@ -168,6 +265,7 @@ class Snapshots:
         """Keep *namespace* as of the end of cell *cell*, once the rank was idle for :attr:`idle` seconds."""
         items = {name: value for name, value in namespace.items() if not _hidden(name)}
         with self.lock:
+            self.namespace = namespace
             self.pending, self.due, self.cancel = (cell, items), time.monotonic() + self.idle, False
             if self.asleep:  # else it wakes at an earlier due time, and waits on for this one: no wake-up per cell
                 self.lock.notify()
@@ -274,8 +372,9 @@ class Snapshots:
                 _write(path, view, self._check)
                 written += view.nbytes
         self._check()
+        # no cell runs while a snapshot is taken (wait() cancels it or waits): the generators are as the cell left
         manifest = pickle.dumps({"cell": cell, "names": sorted(items), "not_kept": not_kept, "header": header,
-                                 "buffers": hashes}, protocol=pickle.HIGHEST_PROTOCOL)
+                                 "buffers": hashes, RANDOM_STATE: random_state()}, protocol=pickle.HIGHEST_PROTOCOL)
         _write(os.path.join(self.root, f"cell-{cell:08d}"), manifest)
         written += len(manifest)
         self.manifests[cell] = hashes
@@ -289,6 +388,8 @@ class Snapshots:
         buffers, out = [], io.BytesIO()
         pickler = self.pickler(out, protocol=5, buffer_callback=buffers.append)
         pickler.check = self._check
+        if self.namespace is not None:
+            pickler.namespace, pickler.world = self.namespace, _world_objects(self.namespace)
         pickler.dump(items)
         return out.getvalue(), buffers
 
@@ -339,6 +440,25 @@ def _write(path, data, check=None):
     files.replace(path, write, mode="wb")
 
 
+def changes_namespace(call):
+    """Whether *call* (a ``Call`` of mpinb's own rank-side code) changes the rank's namespace as a cell does."""
+    return call.module == __name__ and call.name == restore.__name__
+
+
+def flush(timeout=30.0):
+    """Write this rank's pending snapshot now, without its wait for idleness (a restart of a world that answers is
+    about to stop it: the last cell every rank finished is kept); returns the cell of the last snapshot taken."""
+    snapshots = current()
+    if snapshots is None:
+        return None
+    with snapshots.lock:
+        if snapshots.pending is not None:
+            snapshots.due = 0.0
+            snapshots.lock.notify_all()
+    snapshots.settle(timeout)
+    return snapshots.last[0] if snapshots.last else None
+
+
 def available(directory, rank=None):
     """The cells this rank has a whole snapshot of under *directory* (a world's snapshot folder on this host)."""
     from .runner import user_namespace
@@ -353,26 +473,49 @@ def available(directory, rank=None):
 
 def restore(directory, cell, rank=None, namespace=None):
     """Put the variables of *rank*'s snapshot of cell *cell* (under *directory*, a world's snapshot folder on this
-    host) into *namespace* (the rank's, by default); returns ``(names restored, {name: why not kept}, bytes
-    read, seconds)``. Called on each rank of a fresh world by ``%mpi restart``."""
+    host) into *namespace* (the rank's, by default), and the global random generators' state; returns ``(names
+    restored, {name: why not kept}, bytes read, seconds)``. Called on each rank of a fresh world by a restart.
+
+    Nothing is unpickled unless *directory*, the rank's folder, its blobs' folder and every file read are this
+    user's own, private and not reached through a link (another user of a shared host could have planted them)."""
+    global _loading_into
     from .runner import user_namespace
 
     namespace = user_namespace() if namespace is None else namespace
     rank = namespace["rank"] if rank is None else rank
     tic = time.perf_counter()
     root = os.path.join(directory, f"rank-{rank}")
+    blobs = os.path.join(root, "blobs")
     path = os.path.join(root, f"cell-{cell:08d}")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"no snapshot of cell {cell} on this host ({path})")
-    with open(path, "rb") as file:
-        manifest = pickle.load(file)
-    buffers, read = [], 0
-    for digest in manifest["buffers"]:
-        with open(os.path.join(root, "blobs", digest), "rb") as file:
-            data = bytearray(os.fstat(file.fileno()).st_size)
-            file.readinto(data)
-        read += len(data)
-        buffers.append(data)
-    values = pickle.loads(manifest["header"], buffers=buffers)
+    for folder in (directory, root, blobs):
+        if not files.private_directory(folder):
+            raise PermissionError(f"{folder} is not a private directory of this user's: its snapshot is not read")
+    manifest = pickle.loads(_read_own(path))
+    buffers = [_read_own(os.path.join(blobs, digest)) for digest in manifest["buffers"]]
+    read = sum(len(data) for data in buffers)
+    builtins = namespace.get("__builtins__")
+    _loading_into = namespace
+    try:
+        values = pickle.loads(manifest["header"], buffers=buffers)
+    finally:
+        _loading_into = None
+        if builtins is not None:  # a function's restore sets its globals' __builtins__ to the builtins' dict
+            namespace["__builtins__"] = builtins
     namespace.update(values)
+    if RANDOM_STATE in manifest:
+        set_random_state(manifest[RANDOM_STATE])
     return manifest["names"], manifest["not_kept"], read, time.perf_counter() - tic
+
+
+def _read_own(path):
+    """The bytes of *path*, a regular file of this user's that no one else may write, never through a link."""
+    fd = files.open_own(path, os.O_RDONLY)
+    with open(fd, "rb") as file:
+        status = os.fstat(file.fileno())
+        if status.st_mode & 0o022:
+            raise PermissionError(f"{path} may be written by other users: its snapshot is not read")
+        data = bytearray(status.st_size)
+        file.readinto(data)
+    return data
