@@ -149,7 +149,7 @@ def test_fresh_and_a_world_of_another_size_start_empty(session):
     assert session.run(STATE).status == "ok"
     crashed(session, CRASHES["kill -9"])
     said = restarted(session, "%mpi restart -n 3")
-    assert "the world that died had 2 ranks and this one has 3: its variables were not restored" in said, said
+    assert "the world before had 2 ranks and this one has 3: its variables were not restored" in said, said
     assert restarted(session, "%mpi restart -n 2")
 
 

@@ -108,7 +108,7 @@ class InFlight:
         what = self.recovery.stage(self.replies) if self.recovery is not None and self.recovery.plan else \
             "to answer the interrupt"
         print(f"[mpinb] still waiting for {label_ranks(pending)} {what} (at most {left:.0f} s more, then the "
-              f"world is restarted); press Stop (Ctrl-C) again to end the world now (every rank's variables are lost)",
+              f"world is started again); press Stop (Ctrl-C) again to end the world now (the next %%mpi brings back every rank's variables as of the last cell every rank finished and kept)",
               file=sys.stderr, flush=True)
         return False
 

@@ -142,8 +142,8 @@ class KeptState:
 
 
 def restore(world, on_ranks, fresh=False):
-    """After a restart of a world that died: put back every rank's variables as of the last cell every rank
-    finished, and say what was restored and what was not (lines to print). *on_ranks(function, *args)* calls a
+    """After a world was started again (``%mpi restart``, or by mpinb itself): put back every rank's variables as
+    of the last cell every rank finished and kept, and say what was restored and what was not (lines to print). *on_ranks(function, *args)* calls a
     rank-side function on every rank (``WorldCommands._on_ranks``)."""
     from ..rank import snapshots
 
@@ -156,7 +156,7 @@ def restore(world, on_ranks, fresh=False):
     size = kept.sizes.get(kept.generation - 1, world.size)
     if size != world.size:
         kept.drop_previous()
-        return [f"[mpinb] the world that died had {size} ranks and this one has {world.size}: its variables were "
+        return [f"[mpinb] the world before had {size} ranks and this one has {world.size}: its variables were "
                 f"not restored (%mpi restart -n {size} restores them)"]
     held = on_ranks(snapshots.available, folder)
     common = set.intersection(*(set(cells) for cells in held.values.values())) \
@@ -165,7 +165,7 @@ def restore(world, on_ranks, fresh=False):
     if not usable:
         kept.drop_previous()
         return ["[mpinb] no cell every rank finished has a snapshot on every rank (a rank takes one when it has "
-                "been idle for a moment after a cell): the variables of the world that died are lost"]
+                "been idle for a moment after a cell): the variables of the world before are lost"]
     cell, number = usable[-1]
     result = on_ranks(snapshots.restore, folder, cell)
     if not result.errors:  # the fresh world's own first snapshot holds them: a second death loses nothing either

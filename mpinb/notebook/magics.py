@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, Enum, Float, Integer, List, Unicode
 
-from ..errors import BadArguments, NoMPI, StartInterrupted
+from ..errors import BadArguments, MPIError, NoMPI, StartInterrupted
 from ..widgets import views
 from ..wire.ranks import parse_ranks
 from . import arguments, kept_state, stops, visual_debugger
@@ -343,23 +343,41 @@ class MPIMagics(Magics):
         print(f"MPI world of {size} rank{'s' if size != 1 else ''} stopped")
 
     def restart(self, *, n=None, fresh=False):
-        """Fresh ranks (of *n*, or as many as before); also for a world that ended by itself (a rank died, three
-        Stops, an interrupted start). After a rank died, every rank's variables come back as of the last cell
-        every rank finished, unless *fresh*."""
+        """New ranks (of *n*, or as many as before), also for a world that ended by itself (a rank died, three
+        Stops, an interrupted start), with every rank's variables as of the last cell every rank finished and kept,
+        unless *fresh*."""
         if self.world is None:
             raise UsageError("no MPI world to restart: %mpi start -n N starts one")
-        world = self.world
-        died = world.state is State.DEAD or world.kept_state.owed  # or a restart after a death was stopped
-        if died:
-            world.kept_state.owe()
-        world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
-        _timed_start(lambda: world.restart(size=n))
-        self.history = History()
-        if not died:
-            world.kept_state.drop_previous()  # a restart of a live world gives fresh ranks, as it always did
-            return
-        for line in kept_state.restore(world, self.commands.on_every_rank, fresh=fresh):
+        for line in self.start_again(n=n, fresh=fresh, timed=True):
             print(line)
+        self.history = History()
+
+    def start_again(self, *, n=None, fresh=False, kill=False, timed=False):
+        """Start the current world again (of *n* ranks, or as many as before) and put back every rank's variables
+        as of the last cell every rank finished and kept, unless *fresh*: the one way a world is started again,
+        whether the user asked (``%mpi restart``) or mpinb had to (a mismatch MPI completed, ranks stuck in C, a
+        world ended by Stops). A world that still answers writes its pending snapshots first. *kill* ends the old
+        ranks with SIGKILL; *timed* says how long the start took. Returns the lines that say what came back."""
+        world = self.world
+        world.kept_state.owe()  # until the new world restores it (or is told not to), the next start will
+        world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
+        if not fresh and world.state is State.IDLE:
+            self._flush_snapshots()
+        start = (lambda: world.restart(size=n, kill=kill))
+        if timed:
+            _timed_start(start)
+        else:
+            start()
+        return kept_state.restore(world, self.commands.on_every_rank, fresh=fresh)
+
+    def _flush_snapshots(self):
+        """Ask every rank of the running, idle world to write its pending snapshot now (a stop would lose it)."""
+        from ..rank import snapshots
+
+        try:
+            self.commands.on_every_rank(snapshots.flush)
+        except MPIError:  # a rank that went away meanwhile: the start that follows says so
+            pass
 
     def ensure_world(self, *, n=None):
         """The running world; start one of *n* ranks if there is none. A size mismatch is a ``UsageError``."""
@@ -374,10 +392,10 @@ class MPIMagics(Magics):
             return self.world
         world = self.world
         if world is not None and world.why_ended and n in (None, world.size):
-            # the world ended without being asked to (three Stops, an interrupted restart): the same world again
-            _timed_start(world.start)
-            world.kept_state.drop_previous()
-            self.history = History()
+            # the world ended without being asked to (three Stops, an interrupted restart): the same world again,
+            # with its variables
+            for line in self.start_again(timed=True):
+                print(line)
             return world
         return self.start(n=n)
 

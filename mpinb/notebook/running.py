@@ -97,43 +97,48 @@ class CellRunner:
         return result
 
     def _recover(self, result):
-        """Make the world usable again after *result*: keep it, end it (Stop pressed three times) or restart it
-        (ranks stuck after the interrupt, or a world MPI left inconsistent); return what to tell the user (the
-        cell's error says it, once: it is not printed as well)."""
+        """Make the world usable again after *result*: keep it, end it (Stop pressed three times) or start it again
+        with every rank's variables (ranks stuck after the interrupt, or a world MPI left inconsistent); return
+        what to tell the user (the cell's error says it, once: it is not printed as well)."""
         from ..wire.ranks import label_ranks
 
         size = self.magics.world.size
         if result.ended:
             self.magics.world.stop(kill=True)
             self.magics.world.mark_ended(f"{result.ended} during a cell, which ended it")
-            return [f"{result.ended}: the world of {size} ranks was ended (its ranks killed, every rank's variables "
-                    f"gone); the next %%mpi starts {size} fresh ranks"]
+            return [f"{result.ended}: the world of {size} ranks was ended (its ranks killed); the next %%mpi starts "
+                    f"{size} ranks again, with every rank's variables as of the last cell every rank finished and "
+                    "kept"]
         if result.inconsistent:
-            return [self._restart("MPI completed collectives that did not match, which leaves messages in flight "
-                                  "that later calls would receive", kill=False)]
+            # the diagnosis first: the start that follows takes seconds
+            print(f"[mpinb] CollectiveMismatch: {result.inconsistent}", file=sys.stderr, flush=True)
+            return self._restart("MPI completed collectives that did not match, which leaves messages in flight "
+                                 "that later calls would receive")
         if not result.stuck:
             if not result.recovered:
                 return []
             return [f"{result.recovered}, once the other ranks completed what they waited for: the world and every "
                     "rank's variables are kept (the values that call left are not meaningful)"]
         why = f" ({result.unrecoverable})" if result.unrecoverable else ""
-        return [self._restart(f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}",
-                              kill=True)]
+        return self._restart(f"{label_ranks(result.stuck)} did not answer the interrupt (blocked in MPI or C){why}")
 
-    def _restart(self, why, *, kill):
-        """Restart the world because of *why*; return the note that says so, or what happened instead when the
-        restart did not complete."""
+    def _restart(self, why):
+        """Start the world again because of *why*, with every rank's variables (said at once, before the start
+        begins: the diagnosis is not held up by it); return the notes that say what happened."""
         size = self.magics.world.size
+        print(f"[mpinb] {why}: starting the world's {size} ranks again, with every rank's variables as of the last "
+              "cell every rank finished and kept", file=sys.stderr, flush=True)
         try:
-            self.magics.world.restart(kill=kill)
+            lines = self.magics.start_again(kill=True)
         except StartInterrupted:
-            return (f"{why}, so the world was stopped; its restart was interrupted, so no world is running: the next "
-                    f"%%mpi starts {size} fresh ranks")
+            return [f"{why}, so the world was stopped; its restart was interrupted, so no world is running: the next "
+                    f"%%mpi starts {size} ranks again, with their variables"]
         except MPIError as exc:
             self.magics.world.mark_ended(f"its restart failed: {exc}")
-            return f"{why}, so the world was stopped, and its restart failed: {exc}"
-        return (f"{why}, so the world was restarted with {size} fresh ranks: every rank's variables are gone; the "
-                "notebook's variables and mpinb.metrics() are kept")
+            return [f"{why}, so the world was stopped, and its restart failed: {exc}; the next %%mpi tries again, "
+                    "with every rank's variables"]
+        return [f"{why}, so the world was started again with {size} new ranks; the notebook's variables and "
+                "mpinb.metrics() are kept", *(line.removeprefix("[mpinb] ") for line in lines)]
 
     def transport(self, ranks):
         """How a gather from *ranks* (``None``: all) travels: ``gather_transport``, ``auto`` resolved (shared memory
