@@ -9,13 +9,57 @@ import socket
 from IPython.core import magic_arguments
 from IPython.core.magic_arguments import MagicArgumentParser
 
+from ..rank import faults
 from .launchers import LAUNCHERS
+
+
+class _Parser(MagicArgumentParser):
+    """``%mpi``'s parser: a value its type refused in a sentence that names the option already (``-n takes ...``)
+    is said once, after the command (``%mpi inject: --delay takes ...``), not after argparse's ``argument --delay:``."""
+
+    def error(self, message):
+        said = re.fullmatch(r"argument (\S+): (\1 takes .*)", message, flags=re.DOTALL)
+        super().error(f"{self.prog}: {said[2]}" if said else message)
+
 
 def count(text):
     """A number of ranks as written in ASCII digits (``int`` would also take ``١٢``, Arabic-Indic twelve)."""
     if not re.fullmatch(r"-?[0-9]+", text):  # a negative one is read, then refused with what a size must be
         raise argparse.ArgumentTypeError(f"-n takes a number of ranks written in digits 0-9, not {text!r}")
     return int(text)
+
+
+def collective(text):
+    """``--at``'s value: the collective a fault acts at, counted from 1, written in digits."""
+    number = int(text) if re.fullmatch(r"-?[0-9]+", text) else text
+    try:
+        return faults.checked_at(number, "--at")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _number(text):
+    """*text* as a float, or *text* itself when it is none (the check that follows names what is allowed)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def delay(text):
+    """``--delay``'s value: seconds a straggler sleeps before each collective (0 to ``faults.MAX_DELAY``)."""
+    try:
+        return faults.checked_delay(_number(text), "--delay")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def scale(text):
+    """``--scale``'s value: the perturbing noise's standard deviation, finite and at least 0."""
+    try:
+        return faults.checked_scale(_number(text), "--scale")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def which_mpi(text):
@@ -80,7 +124,7 @@ def _cell_line(line="", cell=""):
 
 def line_parser():
     """``%mpi``'s parser: one subcommand per action."""
-    parser = MagicArgumentParser(prog="%mpi", description="Start, stop and inspect the MPI world.")
+    parser = _Parser(prog="%mpi", description="Start, stop and inspect the MPI world.")
     commands = parser.add_subparsers(dest="command",
                                      metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug,inject}")
     commands.required = True
@@ -129,12 +173,14 @@ def line_parser():
                         choices=["straggler", "kill", "stall", "nan", "perturb", "clear"], metavar="KIND",
                         help="straggler, kill, stall, nan, perturb, or clear")
     inject.add_argument("--rank", type=int, default=None, metavar="R", help="the rank it is planted on")
-    inject.add_argument("--at", type=count, default=1, metavar="N",
-                        help="the rank's collective, counted from now, it acts at (from: straggler, perturb)")
-    inject.add_argument("--delay", type=float, default=0.1, metavar="S",
-                        help="straggler: seconds of sleep before each collective (default 0.1)")
-    inject.add_argument("--scale", type=float, default=1e-3, metavar="X",
-                        help="perturb: the noise's standard deviation (default 0.001)")
+    inject.add_argument("--at", type=collective, default=1, metavar="N",
+                        help="the rank's collective, counted from now (1: the next one), it acts at (from: "
+                             "straggler, perturb)")
+    inject.add_argument("--delay", type=delay, default=0.1, metavar="S",
+                        help=f"straggler: seconds of sleep before each collective, 0 to {faults.MAX_DELAY:g} "
+                             "(default 0.1)")
+    inject.add_argument("--scale", type=scale, default=1e-3, metavar="X",
+                        help="perturb: the noise's standard deviation, >= 0 (default 0.001)")
     return parser
 
 

@@ -10,7 +10,7 @@ import time
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from traitlets import Bool, Enum, Float, Integer, List, Unicode
+from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, validate
 
 from ..errors import BadArguments, MPIError, NoMPI, StartInterrupted
 from ..widgets import views
@@ -122,6 +122,35 @@ class MPIMagics(Magics):
         help="Keep each view's widget live after its cell ends (zoom, pickers) instead of replacing it by its static "
              "rendering. JupyterLab then needs Settings > Save Widget State Automatically, or a reopened notebook "
              "shows 'Error displaying widget' where the views were; nbconvert and GitHub show the static copy.")
+
+    # what each number setting takes: (its least value, whether that value itself is allowed, in words); every
+    # value is finite (NaN and infinity are refused); threads_per_rank takes any whole number
+    _RANGES = {
+        "default_ranks": (1, True, "a number of ranks >= 1"),
+        "start_timeout": (0, False, "a finite number of seconds > 0"),
+        "heartbeat_ms": (0, True, "a number of milliseconds >= 0 (0: 100 ms, longer for worlds over 12 ranks)"),
+        "interrupt_grace": (0, True, "a finite number of seconds >= 0"),
+        "timeout": (0, True, "a finite number of seconds >= 0 (0: no limit)"),
+        "status_after": (0, True, "a finite number of seconds >= 0 (0: never)"),
+        "abort_grace": (-math.inf, False, "a finite number of seconds (negative: wait for them)"),
+        "collective_wait": (0, True, "a finite number of seconds >= 0 (0: never ask)"),
+        "trace_buffer": (1, True, "a number of spans >= 1"),
+        "report_interval": (0, True, "a finite number of seconds >= 0"),
+        "refresh_interval": (0, True, "a finite number of seconds >= 0"),
+        "max_points": (2, True, "a number of points per curve >= 2"),
+        "snapshot_limit": (0, True, "a number of bytes >= 0"),
+        "snapshot_lag": (0, True, "a finite number of seconds >= 0 (0: each cell waits for the last snapshot)"),
+    }
+
+    @validate(*_RANGES)
+    def _in_range(self, proposal):
+        """A number setting's value if it is one the setting takes; else a ``TraitError`` (what ``%config``
+        shows) saying what it takes."""
+        name, value = proposal["trait"].name, proposal["value"]
+        least, inclusive, what = self._RANGES[name]
+        if not (math.isfinite(value) and (value >= least if inclusive else value > least)):
+            raise TraitError(f"MPIMagics.{name} takes {what}, not {value!r}")
+        return value
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)

@@ -13,12 +13,15 @@ Each fault counts the rank's collectives from the moment it was planted; ``at`` 
 Nothing here runs while no fault is planted: the traced calls read :data:`active` first.
 """
 
+import math
+import numbers
 import os
 import signal
 import time
 from dataclasses import dataclass
 
 KINDS = ("straggler", "kill", "stall", "nan", "perturb")
+MAX_DELAY = 3600.0  # a straggler's sleep before each collective, at most (a stall stops a rank for good)
 active = False  # whether any fault is planted on this rank: the traced calls look here first
 nested = 0  # calls of mpinb's API collectives under way (tracing.calls.api_call): the collectives inside pass
 
@@ -48,12 +51,36 @@ def _nth(n):
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
+def checked_at(at, name="at"):
+    """*at* as an int if it is a collective a fault can act at (1: the next one); else ``ValueError`` saying what
+    *name* takes."""
+    if isinstance(at, bool) or not isinstance(at, numbers.Integral) or at < 1:
+        raise ValueError(f"{name} takes the collective it acts at, counted from 1 (the next one), not {at!r}")
+    return int(at)
+
+
+def checked_delay(delay, name="delay"):
+    """*delay* as a float if a straggler can sleep that long before each collective; else ``ValueError``."""
+    if isinstance(delay, bool) or not isinstance(delay, numbers.Real) or not 0 <= delay <= MAX_DELAY:
+        raise ValueError(f"{name} takes a number of seconds from 0 to {MAX_DELAY:g}, not {delay!r}")
+    return float(delay)
+
+
+def checked_scale(scale, name="scale"):
+    """*scale* as a float if it is a standard deviation of noise (finite, at least 0); else ``ValueError``."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"{name} takes a standard deviation, a finite number >= 0, not {scale!r}")
+    return float(scale)
+
+
 def plant(kind, at=1, delay=0.0, scale=0.0):
-    """Plant a fault of *kind* on this rank; what it does, in words."""
+    """Plant a fault of *kind* on this rank; what it does, in words. ``ValueError`` where *at* is not a
+    collective from 1 on, *delay* not seconds from 0 to :data:`MAX_DELAY`, or *scale* not finite and >= 0
+    (checked here, so that nothing planted can raise inside a collective later)."""
     global active
     if kind not in KINDS:
         raise ValueError(f"no fault called {kind!r}: one of {', '.join(KINDS)}")
-    fault = Fault(kind, max(1, int(at)), float(delay), float(scale))
+    fault = Fault(kind, checked_at(at), checked_delay(delay), checked_scale(scale))
     _planted.append(fault)
     active = True
     return fault.describe()
@@ -107,7 +134,8 @@ def _spoil(received, value, fault):
     def spoiled(array):
         if fault.kind == "nan":
             return np.full_like(array, np.nan)
-        return array + np.random.default_rng().normal(0.0, fault.scale, array.shape).astype(array.dtype)
+        with np.errstate(over="ignore"):  # noise too large for the dtype is infinite, without a warning to raise
+            return array + np.random.default_rng().normal(0.0, fault.scale, array.shape).astype(array.dtype)
 
     target = received[0] if isinstance(received, (list, tuple)) and received else received
     if target is not None:
