@@ -182,3 +182,117 @@ def test_stop_removes_every_snapshot(session):
     assert session.run("%mpi stop").status == "ok"
     assert not os.path.exists(root)
     assert session.run("%mpi start -n 2").status == "ok"
+
+
+# a model's averaging written the way MPI training code is: a class that holds comm, a function whose loop calls
+# it, a global the function reads (rebound after the restore), and a communicator of the user's own
+FUNCTIONS = """%%mpi
+import numpy as np
+weights = np.arange(3.0) + rank
+class Averager:
+    def __init__(self):
+        self.comm = comm
+    def mean(self, x):
+        out = np.empty_like(x)
+        self.comm.Allreduce(x, out)
+        return out / size
+def train(steps):
+    for _ in range(steps):
+        weights[:] = averager.mean(weights) + scale
+    return weights.tolist()
+averager = Averager()
+scale = 1.0
+pairs = comm.Split(rank % 2, rank)
+print('trained', train(1))
+"""
+
+
+def test_functions_and_classes_that_use_comm_come_back_bound_to_the_new_world_and_the_live_namespace(session):
+    shown = session.run(FUNCTIONS)
+    assert "[rank 1] trained [1.5, 2.5, 3.5]" in shown.text, shown.text
+    crashed(session, CRASHES["segfault"])
+    said = restarted(session)
+    restored = re.search(r"as of In\[\d+\], the last cell every rank finished and kept: ([\w, ]+) \(", said)
+    assert restored and {"Averager", "averager", "train", "weights", "scale"} <= set(restored.group(1).split(", ")), said
+    assert "pairs (a communicator made in a cell (comm.Split, comm.Dup, Create_cart...) of the world that died: run " \
+           "the cell that made it again)" in said, said
+    shown = session.run("%%mpi\nprint('again', train(1), averager.comm is comm, comm is MPI.COMM_WORLD)\nscale = 10.0\n"
+                        "print('rebound', train(1))")
+    assert shown.status == "ok", shown.text
+    for rank in (0, 1):
+        assert f"[rank {rank}] again [2.5, 3.5, 4.5] True True" in shown.text, shown.text
+        assert f"[rank {rank}] rebound [12.5, 13.5, 14.5]" in shown.text, shown.text
+
+
+MISMATCH = ("%%mpi\nimport numpy as np\nbuf = np.zeros(4)\nif rank == 0:\n    comm.Bcast(buf, root=0)\nelse:\n"
+            "    comm.Reduce(buf, None, root=0)\nkeep = -1")
+
+
+def test_a_mismatch_mpi_completed_is_named_before_the_restart_and_every_variable_comes_back(session):
+    assert session.run(STATE).status == "ok"
+    shown = session.run(MISMATCH)
+    assert shown.status == "error" and "CollectiveMismatch" in shown.text, shown.text
+    named = shown.text.index("[mpinb] CollectiveMismatch: collective #")
+    assert named < shown.text.index("starting the ipyparallel controller"), shown.text
+    assert "restored every rank's variables as of In[" in shown.text, shown.text
+    assert "variables are gone" not in shown.text, shown.text
+    assert values_of_every_rank(session) == RESTORED
+
+
+STUCK = ("%%mpi\nimport signal, time\nkeep = -1\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+         "print('asleep', flush=True)\ntime.sleep(300)")
+
+
+def test_ranks_that_do_not_answer_the_interrupt_come_back_with_their_variables(session):
+    assert session.run(STATE).status == "ok"
+    shown = session.run(STUCK, after="asleep", stops=(0.5,))
+    assert "did not answer the interrupt" in shown.text, shown.text
+    assert "restored every rank's variables as of In[" in shown.text, shown.text
+    assert not shown.internal_frames(), shown.text
+    assert values_of_every_rank(session) == RESTORED
+
+
+def test_a_world_ended_by_three_stops_comes_back_with_its_variables_at_the_next_cell(session):
+    assert session.run(STATE).status == "ok"
+    shown = session.run(STUCK, after="asleep", stops=(0.5, 1.5, 2.5))
+    assert "Stop pressed 3 times" in shown.text and "was ended" in shown.text, shown.text
+    assert not shown.internal_frames(), shown.text
+    shown = session.run(CHECK)
+    assert shown.status == "ok", shown.text
+    assert "restored every rank's variables as of In[" in shown.text, shown.text
+    assert sorted(line for line in shown.text.splitlines() if "values" in line) == RESTORED
+
+
+def test_a_restart_of_a_live_world_keeps_its_last_cell_and_fresh_starts_empty(session):
+    assert session.run(STATE).status == "ok"
+    assert session.run("%%mpi\nkeep = keep + 1").status == "ok"
+    said = restarted(session)  # at once: the last cell's snapshot is written before the ranks stop
+    assert "restored every rank's variables as of In[" in said, said
+    assert session.run("%%mpi\nkeep = keep - 1").status == "ok"
+    assert values_of_every_rank(session) == RESTORED
+    assert "restored" not in restarted(session, "%mpi restart --fresh")
+    assert "NameError" in session.run("%%mpi\nkeep").text
+
+
+def test_a_second_death_right_after_a_restore_loses_nothing(session):
+    assert session.run(STATE).status == "ok"
+    crashed(session, CRASHES["kill -9"])
+    restarted(session)
+    crashed(session, CRASHES["segfault"])  # sent at once after the restore
+    said = restarted(session)
+    assert "restored every rank's variables" in said, said
+    assert values_of_every_rank(session) == RESTORED
+
+
+def test_a_stop_during_the_restore_keeps_the_snapshot_for_the_next_restart(session):
+    big = ("%%mpi\nimport numpy as np\nbig = np.arange(12_500_000, dtype=np.float64) + rank\nkeep = rank * 7\n"
+           "arr = np.arange(5.0) + rank")
+    assert session.run(big).status == "ok"
+    crashed(session, CRASHES["kill -9"])
+    stopped = session.run("%mpi restart", after="started in", stops=(0.05,))
+    assert stopped.status in ("ok", "error"), stopped.text
+    assert not stopped.internal_frames(), stopped.text
+    said = restarted(session)
+    assert "restored every rank's variables" in said and "big" in said, said
+    shown = session.run("%%mpi\nprint('kept', keep, float(big[-1]), arr.tolist())")
+    assert "[rank 1] kept 7 12500000.0 [1.0, 2.0, 3.0, 4.0, 5.0]" in shown.text, shown.text

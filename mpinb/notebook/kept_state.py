@@ -36,11 +36,11 @@ class KeptState:
         self.root = None
         self.generation = 0
         self.complete = []  # cells (ids) of the current start that every rank finished, with their numbers
-        self.previous = []  # those of the start before, until it is restored or dropped
+        self.previous = []  # those of the start a restart restores (source), until it is restored or dropped
+        self.source = None  # that start's generation: the last one in which every rank finished a cell
         self.sizes = {}  # start -> its number of ranks
         self.taken = {}  # rank -> the last cell of the current start whose snapshot it wrote
         self._came_up = True  # whether the start of the current generation came up (none yet: nothing pending)
-        self.owed = False  # a restart after a death did not come up: the next restart still restores
         self._watcher = None  # an ended world's reaper, which removes root if the kernel is killed
 
     def environment(self, size):
@@ -48,8 +48,12 @@ class KeptState:
         off). A start that follows one that never came up (it failed, or was stopped: a retry) keeps that one's
         generation, so the world before both is still the one restored."""
         if self._came_up:
+            if self.complete:  # else the start before finished no cell (its restore was stopped): its own is kept
+                if self.source is not None and self.root is not None:
+                    shutil.rmtree(self.folder(self.source), ignore_errors=True)
+                self.previous, self.source = self.complete, self.generation
             self.generation += 1
-            self.previous, self.complete, self.taken = self.complete, [], {}
+            self.complete, self.taken = [], {}
         self._came_up = False
         self.sizes[self.generation] = size
         if not self.enabled:
@@ -120,7 +124,7 @@ class KeptState:
 
     def forget(self):
         """Remove every snapshot (the world is stopped for good)."""
-        root, self.root, self.complete, self.previous = self.root, None, [], []
+        root, self.root, self.complete, self.previous, self.source = self.root, None, [], [], None
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.kill()
@@ -128,17 +132,12 @@ class KeptState:
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
             _roots.discard(root)
-        self.owed = False
-
-    def owe(self):
-        """A restart after a death begins: until it restores (or drops) the world that died, the next one will."""
-        self.owed = True
 
     def drop_previous(self):
-        """The world that died is restored, or will not be: its folder goes."""
-        if self.root is not None and self.generation > 1:
-            shutil.rmtree(self.folder(self.generation - 1), ignore_errors=True)
-        self.previous, self.owed = [], False
+        """The world before is restored, or will not be: its folder goes."""
+        if self.root is not None and self.source is not None:
+            shutil.rmtree(self.folder(self.source), ignore_errors=True)
+        self.previous, self.source = [], None
 
 
 def restore(world, on_ranks, fresh=False):
@@ -149,11 +148,11 @@ def restore(world, on_ranks, fresh=False):
 
     kept = world.kept_state
     previous = kept.previous
-    if fresh or not kept.enabled or not previous or kept.root is None:
+    if fresh or not kept.enabled or not previous or kept.root is None or kept.source is None:
         kept.drop_previous()
         return []
-    folder = kept.folder(kept.generation - 1)
-    size = kept.sizes.get(kept.generation - 1, world.size)
+    folder = kept.folder(kept.source)
+    size = kept.sizes.get(kept.source, world.size)
     if size != world.size:
         kept.drop_previous()
         return [f"[mpinb] the world before had {size} ranks and this one has {world.size}: its variables were "

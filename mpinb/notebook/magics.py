@@ -387,26 +387,29 @@ class MPIMagics(Magics):
         whether the user asked (``%mpi restart``) or mpinb had to (a mismatch MPI completed, ranks stuck in C, a
         world ended by Stops). A world that still answers writes its pending snapshots first. *kill* ends the old
         ranks with SIGKILL; *timed* says how long the start took. Returns the lines that say what came back."""
+        from ..rank import snapshots
+
         world = self.world
-        world.kept_state.owe()  # until the new world restores it (or is told not to), the next start will
         world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
         if not fresh and world.state is State.IDLE:
-            self._flush_snapshots()
+            try:
+                self.commands.on_every_rank(snapshots.flush)
+            except KeyboardInterrupt:
+                raise StartInterrupted("the restart was stopped before the world was: the world and every rank's "
+                                       "variables are as they were") from None
+            except MPIError:  # a rank that went away meanwhile: the start that follows says so
+                pass
         start = (lambda: world.restart(size=n, kill=kill))
         if timed:
             _timed_start(start)
         else:
             start()
-        return kept_state.restore(world, self.commands.on_every_rank, fresh=fresh)
-
-    def _flush_snapshots(self):
-        """Ask every rank of the running, idle world to write its pending snapshot now (a stop would lose it)."""
-        from ..rank import snapshots
-
         try:
-            self.commands.on_every_rank(snapshots.flush)
-        except MPIError:  # a rank that went away meanwhile: the start that follows says so
-            pass
+            return kept_state.restore(world, self.commands.on_every_rank, fresh=fresh)
+        except KeyboardInterrupt:  # the next start restores the same cell: what the ranks hold of it may be partial
+            raise StartInterrupted(f"the restore was stopped: the world of {world.size} ranks runs, and its variables "
+                                   "may be partly back; %mpi restart brings back all of them (they are still kept), "
+                                   "%mpi restart --fresh starts empty") from None
 
     def ensure_world(self, *, n=None):
         """The running world; start one of *n* ranks if there is none. A size mismatch is a ``UsageError``."""
