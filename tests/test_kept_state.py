@@ -296,3 +296,13 @@ def test_a_stop_during_the_restore_keeps_the_snapshot_for_the_next_restart(sessi
     assert "restored every rank's variables" in said and "big" in said, said
     shown = session.run("%%mpi\nprint('kept', keep, float(big[-1]), arr.tolist())")
     assert "[rank 1] kept 7 12500000.0 [1.0, 2.0, 3.0, 4.0, 5.0]" in shown.text, shown.text
+
+
+def test_a_start_that_fails_leaves_no_snapshot_folder(session):
+    """No world runs, so no reaper would remove it if the kernel were killed: the folder goes at once."""
+    assert session.run("%mpi stop").status == "ok"
+    shown = session.run("%mpi start --mpi /bin/true")
+    assert shown.status == "error" and "mpiexec exited" in shown.text, shown.text
+    shown = session.run("from mpinb.notebook import kept_state\nprint('ROOTS', len(kept_state._roots))")
+    assert "ROOTS 0" in shown.text, shown.text
+    assert session.run("%mpi start -n 2").status == "ok"

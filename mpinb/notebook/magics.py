@@ -349,6 +349,7 @@ class MPIMagics(Magics):
             raise
         except BaseException:
             self.world = None  # a start that failed is not tried again by itself
+            world.kept_state.forget()  # nor leaves its snapshot folder (no reaper watches it if the kernel is killed)
             raise
         self.history = History()
         return world
