@@ -1,14 +1,14 @@
 """Random sessions through a real kernel, a state machine driven by a seeded random choice of action: starts,
 stops and restarts of random sizes, cells that count on each rank, training loops that report (re-run), failing
 ranks, deadlocks with ``--timeout``, Stops at random moments (one, two, three in quick succession; during a cell,
-a start, a restart, a stop), mismatched collectives, a dead rank, gathers with checked values, ``%mpi who``,
-malformed lines, floods, ``breakpoint()`` without stdin.
+a start, a restart, a stop, as a cell ends), mismatched collectives, a dead rank, gathers with checked values,
+``%mpi who``, malformed lines, floods, ``breakpoint()`` without stdin.
 
-After every step: no hang (every request has a timeout), no frame of mpinb's or ipyparallel's in what the step
-showed, each rank's counter as the model says wherever mpinb kept the world, ``%mpi status`` true to the world's
-processes, and nothing left after a stop. ``make test`` runs a few sequences; ``make soak`` runs them for as long
-as asked (``MPINB_SOAK_SECONDS``). The seed is printed; ``MPINB_SESSION_SEED=N`` replays a sequence, and a failure
-lists the steps that led to it.
+After every step: every request answered (each has a timeout), no frame of mpinb's or ipyparallel's in what the
+step showed, each rank's counter as the model says wherever mpinb kept the world or restored it (read on the
+ranks after every restart), ``%mpi status`` true to the world's processes, and nothing left after a stop. ``make
+test`` runs a few sequences; ``make soak`` runs them for as long as asked (``MPINB_SOAK_SECONDS``). The seed is
+printed; ``MPINB_SESSION_SEED=N`` replays a sequence, and a failure lists the steps that led to it.
 
 (Hypothesis's ``RuleBasedStateMachine`` was tried first: without its shrinking, which would replay sessions for
 hours, its generator ran one action 30 times over in most sequences; a uniform choice per step covers them all.)"""
@@ -27,8 +27,9 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 
 VERBOSE = bool(os.environ.get("MPINB_SESSION_VERBOSE"))  # each request of each step, as it ends
 # what a cell's text says when mpinb had to give the ranks' variables up, and when it ended the world
-FRESH = ("was restarted with", "was ended", "restart was interrupted", "start of", "restart failed")
-# what a restart after a death says it put back: the cell, and the names
+FRESH = ("was started again with", "was ended", "restart was interrupted", "start of", "restart failed",
+         "restore was stopped")
+# what every restart (the user's or mpinb's own) says it put back: the cell, and the names
 RESTORED = re.compile(r"\[mpinb\] restored every rank's variables as of In\[(\d+)\], the last cell every rank "
                       r"finished and kept: (.*) \(")
 
@@ -64,13 +65,31 @@ class Sessions:
         return shown
 
     def lost_world(self, shown):
-        """The model after a step that may have restarted or ended the world: counters gone if it says so."""
-        if any(phrase in shown.text for phrase in FRESH):
+        """The model after a step that may have started the world again or ended it: the counters it says it
+        restored (checked on the ranks at once); none while no world runs (the next start says what it
+        restores)."""
+        if RESTORED.search(shown.text):
+            self.restarted(shown)
+            self.check_counters()
+        elif any(phrase in shown.text for phrase in FRESH):
             self.counters = {}
 
+    def check_counters(self):
+        """Every rank's counter is what the model says (0 where it has none), read without changing it."""
+        shown = self.run("%%mpi\nglobals().get('counter', 0)")
+        assert shown.status == "ok", shown.text
+        for rank in range(self.size):
+            assert f"[rank {rank}] {self.counters.get(rank, 0)}\n" in shown.text, (self.counters, shown.text)
+
+    def after_start(self, shown):
+        """The model after a cell that started a world first: the counters that start says it restored, if any."""
+        if "started in" in shown.text:
+            self.restarted(shown)
+
     def restarted(self, shown):
-        """The model after ``%mpi restart`` came up: fresh ranks, or, after a death, the counters as of the cell
-        it says it restored (when ``counter`` was among the names kept then)."""
+        """The model after a world came up again (``%mpi restart``, mpinb's own restart, the next cell after the
+        world ended): the counters as of the cell it says it restored (when ``counter`` was among the names kept
+        then), else fresh ranks."""
         assert "could not restore" not in shown.text, shown.text
         restored = RESTORED.search(shown.text)
         if restored is None:
@@ -123,6 +142,7 @@ class Sessions:
         shown = self.run("%mpi restart")
         assert shown.status == "ok", shown.text
         self.restarted(shown)
+        self.check_counters()
         self.check_status()
 
     def stop_during_lifecycle(self, what, n, at, presses):
@@ -151,8 +171,7 @@ class Sessions:
         size = self.ensure_size()
         shown = self.run("%%mpi\ncounter = globals().get('counter', 0) + 1\ncounter")
         assert shown.status == "ok", shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
         for rank in range(size):
             expected = self.counters.get(rank, 0) + 1
             assert f"[rank {rank}] {expected}\n" in shown.text, (self.counters, shown.text)
@@ -163,15 +182,13 @@ class Sessions:
         shown = self.run(f"%%mpi\nimport mpinb\nfor step in range({steps}):\n"
                          "    mpinb.report(step=step, loss=1.0 / (step + 1 + rank))\ncomm.Barrier()")
         assert shown.status == "ok", shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
 
     def failing_rank(self):
         size = self.ensure_size()
         shown = self.run("%%mpi\nif rank == size - 1:\n    raise ValueError('bad batch')\ncomm.Barrier()")
         assert shown.status == "error" and "ValueError: bad batch" in shown.text, shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
         self.lost_world(shown)
         assert size == self.size
 
@@ -180,8 +197,7 @@ class Sessions:
         shown = self.run("%%mpi --timeout 2\nif rank == 0:\n    comm.recv(source=size - 1, tag=77)\nelse:\n"
                          "    comm.Barrier()")
         assert shown.status == "error", shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
         self.lost_world(shown)
 
     def stop_during_cell(self, at, presses, gap):
@@ -189,8 +205,7 @@ class Sessions:
         shown = self.run("%%mpi\nimport time\ntime.sleep(20 if rank == 0 else 0.5)\ncomm.Barrier()",
                          stops=[at + gap * i for i in range(presses)])
         assert shown.status == "error" and shown.ename in ("Interrupted", "StartInterrupted"), shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
         self.lost_world(shown)
         self.check_status()
 
@@ -199,8 +214,7 @@ class Sessions:
         shown = self.run("%%mpi\nimport numpy as np\na = np.zeros(1)\ncomm.Bcast(a, root=rank % 2)")
         if size > 1:
             assert shown.status == "error" and "CollectiveMismatch" in shown.text, shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
         self.lost_world(shown)  # restarted when MPI completed it; kept when the ranks were let out
 
     def dead_rank(self):
@@ -210,14 +224,24 @@ class Sessions:
         shown = self.run("%mpi restart")
         assert shown.status == "ok", shown.text
         self.restarted(shown)
+        self.check_counters()
+
+    def stop_as_cell_ends(self, delay):
+        """A Stop that lands as the ranks finish, or after: while the notebook shows the result, seals its views,
+        runs post-run callbacks or sends the reply. The request is answered either way."""
+        self.ensure_size()
+        shown = self.run("%%mpi\nimport mpinb\nmpinb.report(step=0, loss=1.0)\nprint('done', rank)", after="done",
+                         stops=(delay,))
+        assert shown.status == "ok" or shown.ename in ("Interrupted", "KeyboardInterrupt"), shown.text
+        self.after_start(shown)
+        self.lost_world(shown)
 
     def gather(self, length):
         size = self.ensure_size()
         shown = self.run(f"%%mpi --gather v --no-inspect\nimport numpy as np\nv = np.arange(rank * {length}, "
                          f"(rank + 1) * {length})")
         assert shown.status == "ok", shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
         shown = self.run("print(sorted((r, [int(x) for x in a]) for r, a in v.items()))")
         expected = sorted((r, list(range(r * length, (r + 1) * length))) for r in range(size))
         assert shown.text.strip() == str(expected), shown.text
@@ -233,21 +257,19 @@ class Sessions:
         assert shown.status == "error" and shown.ename == "UsageError", shown.text
         if "started in" in shown.text:  # %%mpi starts a world before it reads --ranks against its size
             self.ensure_size()
-            self.counters = {}
+            self.after_start(shown)
 
     def flood(self):
         self.ensure_size()
         shown = self.run("%%mpi --no-stream\nfor i in range(3000):\n    print(rank, i)")
         assert shown.status == "ok" and f"{self.size - 1} 2999" in shown.text, shown.text[-500:]
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
 
     def breakpoint_without_stdin(self):
         self.ensure_size()
         shown = self.run("%%mpi\nif rank == 0:\n    breakpoint()\ncomm.Barrier()\n'on'", allow_stdin=False)
         assert shown.status == "ok" and "[rank 0] 'on'" in shown.text, shown.text
-        if "started in" in shown.text:
-            self.counters = {}
+        self.after_start(shown)
 
     def teardown(self):
         self.run("%mpi stop")
@@ -279,6 +301,7 @@ ACTIONS = {
     "malformed": lambda rng: {"line": rng.choice(MALFORMED)},
     "flood": lambda rng: {},
     "breakpoint_without_stdin": lambda rng: {},
+    "stop_as_cell_ends": lambda rng: {"delay": round(rng.uniform(0.0, 0.3), 3)},
 }
 
 

@@ -145,11 +145,11 @@ def line_parser():
     start.add_argument("--scheduler-arg", action="append", default=None,
                        help="more job-script directives, e.g. --scheduler-arg=--gres=gpu:1 (repeatable)")
     commands.add_parser("stop", help="stop the world and every process it started")
-    restart = commands.add_parser("restart", help="fresh processes, same size unless -n; after a rank died, every "
-                                                  "rank's variables as of the last cell all finished")
+    restart = commands.add_parser("restart", help="new processes, same size unless -n, with every rank's variables "
+                                                  "as of the last cell all finished")
     restart.add_argument("-n", type=count, default=None, help="new number of ranks")
     restart.add_argument("--fresh", action="store_true",
-                         help="after a rank died: start with empty namespaces instead of the variables kept")
+                         help="start with empty namespaces instead of the variables kept")
     commands.add_parser("status", help="rank, host, pid and state of every rank")
     commands.add_parser("output", help="the last cell's output, rank by rank")
     metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
