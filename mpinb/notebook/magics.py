@@ -109,8 +109,9 @@ class MPIMagics(Magics):
                           "a terminal), widgets, text, or off (only kept for mpinb.metrics()).")
     snapshots = Bool(
         True, config=True,
-        help="Keep every rank's variables on its host after each cell every rank finished, so that %mpi restart "
-             "after a rank died (a segfault, kill -9, MPI_Abort) puts them back; %mpi restart --fresh starts empty.")
+        help="Keep every rank's variables on its host after each cell every rank finished, so that every restart "
+             "(%mpi restart after a rank died, a segfault, kill -9, MPI_Abort; mpinb's own) puts them back; "
+             "%mpi restart --fresh starts empty.")
     snapshot_limit = Integer(1 << 30, config=True,
                              help="Bytes one name may take in a rank's snapshot; larger ones are listed as not kept.")
     snapshot_lag = Float(
@@ -194,9 +195,9 @@ class MPIMagics(Magics):
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
         lsf) submits a batch job of N tasks that runs that mpiexec inside its allocation; ``%mpi stop`` cancels
         it. Ranks on other hosts need ``--ip``: the controller listens on loopback unless told otherwise.
-        ``restart`` gives fresh processes, of a new size with ``-n``; after a rank died (a segfault, kill -9,
-        ``MPI_Abort``), every rank's variables come back as of the last cell every rank finished (``--fresh``:
-        none), and what could not be kept is listed. ``status`` lists rank, host, pid and
+        ``restart`` gives new processes, of a new size with ``-n``, and every rank's variables come back as of
+        the last cell every rank finished (``--fresh``: none), after a rank died (a segfault, kill -9,
+        ``MPI_Abort``) too, and what could not be kept is listed. ``status`` lists rank, host, pid and
         state. ``output`` shows the last cell's output rank by rank. ``metrics`` shows the charts and per-rank
         table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
         ``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and
