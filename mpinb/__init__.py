@@ -91,11 +91,12 @@ _trace_script()
 
 def load_ipython_extension(ipython):
     """Register ``%mpi`` and ``%%mpi``; the magic machinery is imported only now, never on ranks."""
-    from .notebook import visual_debugger
+    from .notebook import stops, visual_debugger
     from .notebook.magics import MPIMagics
 
     ipython.register_magics(MPIMagics(shell=ipython))
     visual_debugger.install(ipython)
+    stops.guard(ipython)  # a Stop once the cell's code is over (its views sealed, its reply sent) is let go
 
 
 def unload_ipython_extension(ipython):
@@ -103,7 +104,9 @@ def unload_ipython_extension(ipython):
     magics = ipython.magics_manager.registry.get("MPIMagics")
     if magics is not None and magics.world is not None:
         magics.stop()
+    from .notebook import stops
     from .widgets import views
 
     if views.seal_all in ipython.events.callbacks["post_run_cell"]:
         ipython.events.unregister("post_run_cell", views.seal_all)
+    stops.unguard(ipython)
