@@ -13,6 +13,8 @@ from . import stacks
 _RESULT = "_mpinb_cell_value"
 # the frames between the agent and the cell: this module's, and the visual debugger's that runs a cell under it
 RUNNER_FILES = (__file__, os.path.join(os.path.dirname(__file__), "visual_debugger.py"))
+# what runs a script file for %mpi run, called by a one-line cell: that line and its frames are not the user's code
+SCRIPT_RUNNER = os.path.join(os.path.dirname(__file__), "run_script.py")
 
 
 class RemoteValue:
@@ -149,6 +151,7 @@ def describe_error(exc, shell=None):
     tb = _without_wrappers(exc.__traceback__)
     while tb is not None and tb.tb_frame.f_code.co_filename in RUNNER_FILES:
         tb = tb.tb_next
+    tb = _from_the_script(tb)
     tb, left_out = _shortened(tb)
     if isinstance(exc, SyntaxError):
         tb = None  # the compiler's frames say nothing: the error itself names the file, line and column
@@ -174,6 +177,17 @@ def describe_error(exc, shell=None):
 
         evalue = explain(exc, evalue)
     return {"ename": ename, "evalue": evalue, "traceback": lines}
+
+
+def _from_the_script(tb):
+    """*tb* from the script's first frame when the cell ran a script file (``%mpi run``): the cell's call of
+    :data:`SCRIPT_RUNNER` and that module's frames left out (``None`` when the script itself has none)."""
+    if tb is None or tb.tb_next is None or tb.tb_next.tb_frame.f_code.co_filename != SCRIPT_RUNNER:
+        return tb
+    tb = tb.tb_next
+    while tb is not None and tb.tb_frame.f_code.co_filename == SCRIPT_RUNNER:
+        tb = tb.tb_next
+    return tb
 
 
 KEPT_FRAMES = 100  # at each end of a longer traceback: IPython renders a frame in about 0.35 ms
