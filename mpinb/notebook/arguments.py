@@ -125,8 +125,8 @@ def _cell_line(line="", cell=""):
 def line_parser():
     """``%mpi``'s parser: one subcommand per action."""
     parser = _Parser(prog="%mpi", description="Start, stop and inspect the MPI world.")
-    commands = parser.add_subparsers(dest="command",
-                                     metavar="{start,stop,restart,status,output,metrics,grads,view,trace,who,debug,inject}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="{start,stop,restart,status,run,output,metrics,grads,view,trace,who,debug,inject}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=count, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -151,6 +151,19 @@ def line_parser():
     restart.add_argument("--fresh", action="store_true",
                          help="start with empty namespaces instead of the variables kept")
     commands.add_parser("status", help="rank, host, pid and state of every rank")
+    run = commands.add_parser("run", help="run a script on every rank as __main__ with sys.argv = [FILE, *ARGS], as "
+                                          "mpiexec python FILE ARGS would; its globals stay for the next cell")
+    run.add_argument("-n", type=count, default=None,
+                     help="number of ranks; starts a world of that size if none is running")
+    run.add_argument("--timeout", type=float, default=None, metavar="S",
+                     help="stop the script after S seconds, showing where every rank still running is")
+    run.add_argument("--trace", action="store_true", default=False,
+                     help="record every rank's MPI calls and show who waits for whom")
+    run.add_argument("file", metavar="FILE", nargs="?", default=None,
+                     help="the script, relative to the notebook's directory (ranks on other hosts read their own "
+                          "copy at the same absolute path)")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                     help="the script's arguments, passed as they are (options after FILE are the script's)")
     commands.add_parser("output", help="the last cell's output, rank by rank")
     metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
     metrics.add_argument("--run", default=None, help="only this run (default: all)")

@@ -254,6 +254,30 @@ class MPIMagics(Magics):
     def _command_restart(self, args):
         self.restart(n=args.n, fresh=args.fresh)
 
+    def _command_run(self, args):
+        """``%mpi run FILE ARGS``: the script as ``__main__`` on every rank, through the path a ``%%mpi`` cell
+        takes (a one-line cell that calls ``mpinb.rank.run_script.run``), so everything a cell gets applies. Only
+        whether the file exists is checked here: each rank reads it at its absolute path on its own host."""
+        import os
+
+        if args.file is None:
+            raise UsageError("%mpi run takes a script: %mpi run [-n N] [--timeout S] [--trace] FILE [ARGS ...]")
+        path = os.path.abspath(os.path.expanduser(args.file))
+        where = "" if os.path.isabs(os.path.expanduser(args.file)) else \
+            f" (relative to the notebook's directory {os.getcwd()})"
+        if os.path.isdir(path):
+            raise UsageError(f"%mpi run: {args.file} is a directory{where}: name the script in it")
+        if not os.path.isfile(path):
+            raise UsageError(f"%mpi run: no file {args.file}{where}")
+        timeout = self.timeout if args.timeout is None else args.timeout
+        if not math.isfinite(timeout) or timeout < 0:
+            raise UsageError(f"--timeout takes seconds, a number of at least 0 (0: no limit), not {timeout:g}")
+        with stops.deferred():  # a Stop while the world starts rolls the start back, said in one line
+            self.ensure_world(n=args.n)
+        cell = f'__import__("mpinb.rank.run_script", fromlist=["run"]).run({path!r}, {list(args.args)!r})'
+        self._run_deferred(cell, ranks=None, stream=self.stream, gather=None, inspect=False, timeout=timeout,
+                           trace=args.trace)
+
     # ------------------------------------------------------------------ %%mpi
 
     @cell_magic("mpi")
