@@ -64,7 +64,7 @@ def test_stop_ends_what_the_ranks_started_also_a_process_detached_from_their_ses
                 helper.kill()
 
 
-def test_restart_gives_fresh_processes_and_forgets_names(ip, magics, world_of, mpi):
+def test_restart_gives_new_processes_and_keeps_names_unless_fresh(ip, magics, world_of, mpi):
     world = world_of(2)
     mpi("kept = 1")
     before = world_processes(world)
@@ -73,6 +73,8 @@ def test_restart_gives_fresh_processes_and_forgets_names(ip, magics, world_of, m
     assert_all_gone(before)
     assert magics.world.size == 2
     assert not old_pids & {magics.world.identities[r]["pid"] for r in magics.world.ranks}
+    assert mpi("kept") == {0: 1, 1: 1}
+    ip.run_line_magic("mpi", "restart --fresh")
     assert mpi("'kept' in dir()") == {0: False, 1: False}
     ip.run_line_magic("mpi", "restart -n 3")
     assert mpi("size") == {0: 3, 1: 3, 2: 3}
