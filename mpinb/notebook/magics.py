@@ -190,6 +190,7 @@ class MPIMagics(Magics):
             %mpi debug R [--panel]
             %mpi debug --rank R
             %mpi inject [KIND --rank R [--at N] [--delay S] [--scale X] | clear]
+            %mpi run [-n N] [--timeout S] [--trace] FILE [ARGS ...]
 
         ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
         per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
@@ -210,7 +211,9 @@ class MPIMagics(Magics):
         clicked in a ``%%mpi`` cell stop the ranks, and the panel shows rank 0 (``debug --rank R``: rank R);
         ``debug R --panel`` shows rank R's last failed cell there. ``inject`` plants a fault on rank R for
         teaching, acted on at its collectives (``straggler``, ``kill``, ``stall``, ``nan``, ``perturb``;
-        ``--at N``: its Nth collective from now); alone it lists them, ``clear`` removes them.
+        ``--at N``: its Nth collective from now); alone it lists them, ``clear`` removes them. ``run FILE
+        ARGS`` runs a script on every rank as ``__main__`` with ``sys.argv`` set, as ``mpiexec python FILE
+        ARGS`` would, as a cell (its output, errors, Stop), its globals kept for the next cell.
         The world stops with the kernel.
 
         Examples
