@@ -4,6 +4,7 @@ Runs on ranks (under ``%%mpi`` or plain ``mpiexec python train.py``); imports no
 
     import mpinb.torch as mt
     mt.init_process_group()                      # torch.distributed from MPI: gloo on CPU, nccl with a GPU each
+    mt.torchrun_environment()                    # or torchrun's MASTER_ADDR, RANK, ... (every %%mpi world has them)
     mt.broadcast_parameters(model)               # every rank starts from rank 0's weights (a model or state_dict)
     loss.backward()
     mt.allreduce_gradients(model)                # average gradients: fused buckets, buffer-based MPI
@@ -29,7 +30,9 @@ from .rank.process_group import (
                                  choose_backend,
                                  destroy_process_group,
                                  init_process_group,
+                                 torchrun_environment,
 )
 
 __all__ = ["DistributedOptimizer", "GradientAllreducer", "allreduce_gradients", "broadcast_optimizer_state",
-           "broadcast_parameters", "choose_backend", "destroy_process_group", "init_process_group"]
+           "broadcast_parameters", "choose_backend", "destroy_process_group", "init_process_group",
+           "torchrun_environment"]

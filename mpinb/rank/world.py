@@ -8,16 +8,23 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 
 def init_world(namespace=None, *, threads=0):
-    """Put ``comm``, ``rank`` and ``size`` into *namespace*, share the cores, and return this rank's identity.
+    """Put ``comm``, ``rank`` and ``size`` into *namespace*, share the cores, give the rank ``torchrun``'s
+    environment, and return this rank's identity.
 
     *namespace* defaults to the IPython user namespace of the engine this runs in. *threads* is how many threads
     each rank's math libraries (OpenMP, BLAS, torch, TensorFlow) may use: 0 gives each rank an equal share of
     the cores of its host, as ``torchrun`` does, so ranks sharing a host do not oversubscribe it; a negative
     number leaves the libraries' own defaults. A thread variable already in the environment is kept.
+    ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``LOCAL_RANK`` and the rest a ``torchrun`` worker has are set as
+    :func:`~mpinb.rank.process_group.torchrun_environment` says (it imports no torch), so ``env://`` works in
+    every cell; each world, a restarted one too, has a port and a run id of its own.
     """
     from mpi4py import MPI
 
+    from .process_group import torchrun_environment
+
     share_cores(MPI.COMM_WORLD, threads)
+    torchrun_environment(comm=MPI.COMM_WORLD)  # before tracing: mpinb's own collectives stay out of the ledger
 
     if namespace is None:
         from IPython import get_ipython
