@@ -306,3 +306,17 @@ def test_a_start_that_fails_leaves_no_snapshot_folder(session):
     shown = session.run("from mpinb.notebook import kept_state\nprint('ROOTS', len(kept_state._roots))")
     assert "ROOTS 0" in shown.text, shown.text
     assert session.run("%mpi start -n 2").status == "ok"
+
+
+def test_a_root_that_ran_ahead_of_a_failed_rank_is_not_left_to_corrupt_the_next_collective(session):
+    """Rank 1 fails before a broadcast that rank 0, its root, completes at once: what rank 0 sent is in flight,
+    and rank 1's next broadcast would receive it. The world is started again with every rank's variables."""
+    assert session.run(STATE).status == "ok"
+    shown = session.run("%%mpi\nimport numpy as np\nbuf = np.zeros(4) + 7\nif rank == 1:\n    raise ValueError('bad')\n"
+                        "comm.Bcast(buf, root=0)")
+    assert shown.status == "error" and "ValueError: bad" in shown.text, shown.text
+    assert "the ranks left the collectives on COMM_WORLD at different points (rank 0 after #" in shown.text, shown.text
+    assert "restored every rank's variables as of In[" in shown.text, shown.text
+    shown = session.run("%%mpi\nb = np.zeros(4) + rank\ncomm.Bcast(b, root=0)\nprint('got', b.tolist())")
+    assert shown.status == "ok" and "[rank 1] got [0.0, 0.0, 0.0, 0.0]" in shown.text, shown.text
+    assert values_of_every_rank(session) == RESTORED

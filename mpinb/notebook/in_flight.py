@@ -13,13 +13,16 @@ from . import stops, visual_debugger
 from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Kept, Metrics, Out, Reply, Settled,
                           TraceSpans, Waiting, Where)
 from .diagnose import capture_stacks
-from .mismatch import MismatchWatch, after_cell, at_death
+from .mismatch import MismatchWatch, after_cell, at_death, left_apart
 from .perrank import PerRank
 from .rank_errors import announce, check_deaths, died_earlier, lost, stopped, why_stuck
 from .replicas import differences
 from .recover import Recovery
 
 COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
+
+
+LEFT_APART = 2_000_000  # roll-call numbers of the check after a stopped cell, apart from the watch's and recovery's
 
 
 class InFlight:
@@ -284,6 +287,13 @@ class InFlight:
                 result.recovered = self.recovery.note
             elif result.stuck:
                 result.unrecoverable = self.recovery.reason or why_stuck(self.recovery)
+        if (result.trouble is not None or result.errors) and self.watch is not None and not (
+                result.stuck or result.first_death is not None or result.ended or result.inconsistent):
+            # every rank answered or finished; a root that ran ahead of a rank that failed or was stopped left
+            # what it sent in flight, for that rank's next collective to receive
+            apart = left_apart(self.channel, self.ranks, LEFT_APART + (self.cell_id or 0))
+            if apart is not None:
+                result.inconsistent, result.recovered = apart, None
         result.finished = [rank for rank in self.ranks if rank not in result.errors]
         for name, values in result.gathered.items():  # rank order, whatever order the replies came in
             result.gathered[name] = PerRank(sorted(values.items()))

@@ -13,7 +13,7 @@ import time
 
 from ..wire.mirror import read_mirror
 from ..wire.rank_files import ledger_path
-from ..wire.kinds import Wait, Waiting, WhereAnswer
+from ..wire.kinds import Wait, Waiting, Where, WhereAnswer
 from ..wire.ranks import label_ranks
 from .advice import advice
 from .diagnose import RankStack, capture_stacks
@@ -156,6 +156,33 @@ def after_cell(replies, ranks):
                 entries = {rank: ("in", signature) for rank, signature in signatures.items()}
                 return (_describe(comm, seq, entries, {}, "", entered=True) +
                         "; MPI completed it, so what it moved is not what the cell meant")
+    return None
+
+
+def left_apart(channel, ranks, number, timeout=3.0):
+    """After a stopped cell that every one of *ranks* answered: asked afresh (roll call *number*, once any ranks
+    let out of MPI have completed what they joined), the communicator whose collectives the ranks left at
+    different points, as one line, or ``None``. A root that ran ahead of the others (a broadcast completes on
+    its root at once) left messages in flight that the others' next collective would receive."""
+    channel.roll_call(ranks, number)
+    states, deadline = {}, time.monotonic() + timeout
+    while len(states) < len(ranks) and time.monotonic() < deadline:
+        for message in channel.receive(0.05, keep=False):
+            if isinstance(message, Where) and message.where.asked == number:
+                states[message.rank] = message.where
+            else:
+                channel.hold(message)
+    if len(states) < len(ranks):
+        return None  # not every rank could say: the next cell's own checks apply
+    comms = {(name, tuple(ledger.members)) for state in states.values() for name, ledger in state.ledgers.items()}
+    for comm, members in sorted(comms):
+        if not set(members) <= set(ranks):
+            continue
+        counts = {rank: states[rank].ledgers[comm].count for rank in members
+                  if comm in states[rank].ledgers and tuple(states[rank].ledgers[comm].members) == members}
+        if len(counts) == len(members) and len(set(counts.values())) > 1:
+            where = ", ".join(f"rank {rank} after #{count}" for rank, count in sorted(counts.items()))
+            return f"the ranks left the collectives on {comm} at different points ({where})"
     return None
 
 

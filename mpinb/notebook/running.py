@@ -109,11 +109,14 @@ class CellRunner:
             return [f"{result.ended}: the world of {size} ranks was ended (its ranks killed); the next %%mpi starts "
                     f"{size} ranks again, with every rank's variables as of the last cell every rank finished and "
                     "kept"]
-        if result.inconsistent:
+        if result.inconsistent and result.inconsistent == result.mismatch:
             # the diagnosis first: the start that follows takes seconds
             print(f"[mpinb] CollectiveMismatch: {result.inconsistent}", file=sys.stderr, flush=True)
             return self._restart("MPI completed collectives that did not match, which leaves messages in flight "
                                  "that later calls would receive")
+        if result.inconsistent:
+            return self._restart(f"{result.inconsistent}, which leaves messages in flight that later calls would "
+                                 "receive")
         if not result.stuck:
             if not result.recovered:
                 return []
