@@ -34,10 +34,22 @@ def init_world(namespace=None, *, threads=0):
     from .tracing import install
 
     install(MPI)  # every MPI call noted: collectives checked for mismatches, spans under %%mpi --trace
+    not_a_shell()
     comm = MPI.COMM_WORLD
     namespace.update(comm=comm, rank=comm.rank, size=comm.size, MPI=MPI)
     guard_world(MPI, namespace)
     return identity()
+
+
+def not_a_shell():
+    """A rank is a process MPI started, not an interactive shell: the prompts IPython's engine set (``sys.ps1``,
+    which "scripts can use to decide if they are running interactively") go, so that training code which asks
+    (Lightning's ``_IS_INTERACTIVE``, which refuses ``strategy="ddp"`` in a shell) runs as under ``mpiexec``."""
+    import sys
+
+    for name in ("ps1", "ps2", "ps3"):
+        if hasattr(sys, name):
+            delattr(sys, name)
 
 
 def share_cores(comm, threads=0):
