@@ -34,7 +34,7 @@ $(LABSTAMP): pyproject.toml Makefile
 	touch $@
 
 $(STAMP): $(LABSTAMP)
-	$(PY) -m pip install --quiet -e ".[mpich,torch,dev,docs]"
+	$(PY) -m pip install --quiet -e ".[mpich,torch,dev,docs,frameworks]"
 	touch $@
 
 # JupyterLab refuses to run as root unless told; as a user it needs nothing
