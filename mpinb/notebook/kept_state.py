@@ -1,4 +1,4 @@
-"""Every rank's variables across a death: the folders the ranks keep their snapshots in (``rank/snapshots.py``),
+"""Every rank's variables across a death: the folders the ranks keep their snapshots in (``rank/snapshots/``),
 one per start of a world, which cells every rank finished, and the restore after ``%mpi restart``.
 
 A world's snapshot folder is private (0700) and made here for the ranks on this host (a rank on another host

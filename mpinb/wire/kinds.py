@@ -35,7 +35,7 @@ class AgentSettings:
 
     report_interval: float
     collective_wait: float | None
-    complete: int | None = None  # the last cell every rank finished: its snapshot is kept (rank/snapshots.py)
+    complete: int | None = None  # the last cell every rank finished: its snapshot is kept (rank/snapshots/)
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ class TraceSpans(NamedTuple):
 
 
 class Kept(NamedTuple):
-    """The rank's snapshot of cell *cell_id* is written (``rank/snapshots.py``)."""
+    """The rank's snapshot of cell *cell_id* is written (``rank/snapshots/``)."""
 
     rank: int
     cell_id: int
