@@ -400,14 +400,11 @@ comm.Barrier()
 """
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="Lightning's Trainer.fit, as it ends, sets every signal's handler back to what "
-                   "signal.getsignal() says it was; for the handlers faulthandler installed in C (mpinb's SIGUSR2 "
-                   "stack dump, SIGSEGV/SIGABRT/SIGBUS/SIGFPE/SIGILL) that is SIG_DFL, so the next stack request "
-                   "from the notebook kills the rank (mpinb/rank/stacks.py, mpinb/notebook/diagnose.py)")
 def test_a_failure_after_a_lightning_trainer_is_diagnosed(session):
     """After a Trainer has run, a rank that fails while another waits in a collective is diagnosed as without it:
-    the waiting rank is stopped, named where it waits, and the world kept."""
+    the waiting rank is stopped, named where it waits, and the world kept. (Lightning's ``Trainer.fit`` sets every
+    signal's handler back to what ``signal.getsignal()`` said, SIG_DFL for the ones faulthandler installed in C:
+    the next stack request ended the rank. Each rank puts them back after every cell.)"""
     needs("lightning")
     try:
         run(session, TRAINER.replace("STRATEGY", "'ddp'"))

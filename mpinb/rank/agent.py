@@ -138,6 +138,8 @@ class Agent:
             reply, buffers = CellReply(error=runner.describe_error(exc)), []
         finally:
             signal.signal(signal.SIGINT, sigint)
+            if options.call is None:
+                stacks.rearm()  # the user's code may have taken the stack-dump and crash handlers away
             sys.stdout, sys.stderr = streams
             trace_torch.release_retired()
         self.rollcall.cell = None

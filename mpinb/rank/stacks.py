@@ -132,6 +132,17 @@ def install(directory=None):
     return _path
 
 
+def rearm():
+    """Put the stack-dump and crash handlers back (about 4 µs): a cell's code may have replaced them. Lightning's
+    ``Trainer.fit`` sets every signal back to what ``signal.getsignal()`` said before, which cannot see
+    faulthandler's handlers, so a later stack request would have ended the rank."""
+    if _file is not None:
+        faulthandler.unregister(SIGNAL)
+        faulthandler.register(SIGNAL, file=_file, all_threads=True, chain=False)
+        faulthandler.disable()
+        faulthandler.enable(file=_file, all_threads=True)
+
+
 def note_stderr(text):
     """Keep *text* (what the running cell wrote to stderr) on disk at once: a rank that dies right after
     (``os._exit``, a signal) still leaves its last words, which the batched channel may not have sent."""
