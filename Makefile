@@ -25,12 +25,13 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: lab test soak bench docs clean chromium sshd mpis
 
-# make lab: mpinb, MPICH and what the tutorials use (torch); make test and make docs add the test and docs tools
+# make lab: mpinb, MPICH and what the tutorials use (torch, and Lightning for tutorial 08); make test and make docs add
+# the test and docs tools
 $(LABSTAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-deps --extra-index-url $(TORCH_INDEX) "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[mpich,torch]"
+	$(PY) -m pip install --quiet -e ".[mpich,torch,frameworks]"
 	touch $@
 
 $(STAMP): $(LABSTAMP)
