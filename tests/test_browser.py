@@ -380,7 +380,8 @@ STOPPED = ["%load_ext mpinb\n%mpi start -n 2",
 
 def test_three_stops_from_the_toolbar_end_the_world_in_one_line_in_the_dark_theme(tmp_path, monkeypatch):
     """JupyterLab's own Stop button, pressed three times while a rank cannot answer: the cell says in one line that
-    the world was ended, with no frame of mpinb's; the next cell runs on as many fresh ranks. In the dark theme."""
+    the world was ended, with no frame of mpinb's; the next cell starts as many ranks again, with every rank's
+    variables. In the dark theme."""
     root = notebook_of(tmp_path, "stopped.ipynb", STOPPED)
     theme = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings"
     theme.parent.mkdir(parents=True)
@@ -406,7 +407,8 @@ def test_three_stops_from_the_toolbar_end_the_world_in_one_line_in_the_dark_them
         run(cells.nth(4), page, wait=True)
     assert "Stop pressed 3 times: the world of 2 ranks was ended" in shown, shown
     assert "mpinb/" not in shown and "site-packages" not in shown, shown
-    assert "[rank 0] (2, False)" in after and "[rank 1] (2, False)" in after, after
+    assert "[rank 0] (2, True)" in after and "[rank 1] (2, True)" in after, after  # started again, restored
+    assert "restored every rank's variables as of In[" in after, after
     assert dark and dark.lower() not in ("white", "#fff", "#ffffff"), dark  # the dark theme was on
     assert not leftover_ranks(tag)
 
