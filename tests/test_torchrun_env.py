@@ -98,6 +98,24 @@ def test_every_rank_has_torchruns_environment_agreeing_with_mpi(world_of, ip, mp
     assert {s["groups"] for s in split.values()} == {1}  # one host: the check above saw a real split
 
 
+# 2 ranks on each of two hosts: the environment gathered, then env:// across the link
+ACROSS_HOSTS = [["line", "start -n 4"], ["cell", "--gather env split --no-inspect", ENVIRONMENT],
+                ["eval", "(dict(env), dict(split))"], ["cell", "--timeout 120", ENV_ALL_REDUCE]]
+
+
+def check_across_hosts(result, hosts):
+    """The groups are the hosts (rank 0's, h1, first), MASTER_ADDR is h1's address, and env:// summed to 10."""
+    import ast
+
+    steps = result["steps"]
+    assert [step["raised"] for step in steps] == [None] * 4, steps
+    env, split = ast.literal_eval(steps[2]["value"])
+    check_consistent(env, split, 4, address=hosts.addresses[1])
+    assert [int(env[r]["GROUP_RANK"]) for r in range(4)] == [0, 0, 1, 1]
+    assert {env[r]["LOCAL_WORLD_SIZE"] for r in range(4)} == {"2"}
+    assert {ast.literal_eval(value) for value in steps[3]["value"].values()} == {(10.0, False)}
+
+
 @pytest.mark.slow
 def test_env_init_process_group_all_reduces_in_a_new_world_and_again_after_a_restart(world_of, ip, mpi):
     """In a world no group has used yet MASTER_PORT is free and held; ``dist.init_process_group("gloo")`` with no
@@ -199,25 +217,12 @@ def test_a_script_under_plain_mpiexec_sets_the_same_environment_with_torchrun_en
 def test_across_hosts_master_addr_is_rank_0s_address_and_env_init_sums():
     """Two ranks on each of two hosts (network namespaces with sshd, tests/hosts.py), the notebook on a third: the
     groups are the hosts, MASTER_ADDR is rank 0's host's address, and env:// meets there across the link."""
-    import ast
-
     from hosts import Hosts
     from test_multihost import drive
 
     with Hosts(3) as hosts:
-        result = drive(hosts, [
-            ["line", "start -n 4"],
-            ["cell", "--gather env split --no-inspect", ENVIRONMENT],
-            ["eval", "(dict(env), dict(split))"],
-            ["cell", "--timeout 120", ENV_ALL_REDUCE],
-        ])
-    steps = result["steps"]
-    assert [step["raised"] for step in steps] == [None] * 4, steps
-    env, split = ast.literal_eval(steps[2]["value"])
-    check_consistent(env, split, 4, address=hosts.addresses[1])
-    assert [int(env[r]["GROUP_RANK"]) for r in range(4)] == [0, 0, 1, 1]
-    assert {env[r]["LOCAL_WORLD_SIZE"] for r in range(4)} == {"2"}
-    assert {ast.literal_eval(value) for value in steps[3]["value"].values()} == {(10.0, False)}
+        result = drive(hosts, ACROSS_HOSTS)
+    check_across_hosts(result, hosts)
 
 
 @pytest.mark.slurm
@@ -226,22 +231,10 @@ def test_across_hosts_master_addr_is_rank_0s_address_and_env_init_sums():
 @pytest.mark.timeout(600)
 def test_a_world_started_through_slurm_on_two_nodes_has_the_environment_and_env_init_sums():
     """The same through ``%mpi start --launcher slurm`` on two Slurm nodes (tests/slurm_cluster.py)."""
-    import ast
-
     from hosts import Hosts
     from slurm_cluster import SlurmNodes
     from test_slurm_nodes import drive
 
     with Hosts(3) as hosts, SlurmNodes(hosts, controller=0, nodes=(1, 2)) as slurm:
-        result = drive((hosts, slurm), [
-            ["line", "start -n 4"],
-            ["cell", "--gather env split --no-inspect", ENVIRONMENT],
-            ["eval", "(dict(env), dict(split))"],
-            ["cell", "--timeout 120", ENV_ALL_REDUCE],
-        ])
-    steps = result["steps"]
-    assert [step["raised"] for step in steps] == [None] * 4, steps
-    env, split = ast.literal_eval(steps[2]["value"])
-    check_consistent(env, split, 4, address=hosts.addresses[1])
-    assert [int(env[r]["GROUP_RANK"]) for r in range(4)] == [0, 0, 1, 1]
-    assert {ast.literal_eval(value) for value in steps[3]["value"].values()} == {(10.0, False)}
+        result = drive((hosts, slurm), ACROSS_HOSTS)
+    check_across_hosts(result, hosts)

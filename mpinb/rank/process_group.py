@@ -55,13 +55,7 @@ def torchrun_environment(*, comm=None):
 
     if comm is None:
         comm = MPI.COMM_WORLD
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank, local_size = local.rank, local.size
-    leader = local.bcast(comm.rank, root=0)  # a host is named by its lowest rank
-    local.Free()
-    places = comm.allgather((socket.gethostname(), leader))
-    hosts = [host for host, _ in places]
-    leaders = sorted({leader for _, leader in places})
+    local_rank, local_size, leader, hosts, leaders = _places(comm)
     one_host = len(set(hosts)) == 1 and len(leaders) == 1
     chosen = None
     if comm.rank == 0:
@@ -84,6 +78,19 @@ def torchrun_environment(*, comm=None):
     if one_host:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
     return {name: os.environ[name] for name in TORCHRUN_VARIABLES}
+
+
+def _places(comm):
+    """This rank's place on its host and the hosts': ``(local rank, ranks on this host, this host's lowest rank,
+    every rank's host name, the hosts' lowest ranks in order)``; collective."""
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, local_size = local.rank, local.size
+    leader = local.bcast(comm.rank, root=0)  # a host is named by its lowest rank
+    local.Free()
+    places = comm.allgather((socket.gethostname(), leader))
+    return local_rank, local_size, leader, [host for host, _ in places], sorted({lead for _, lead in places})
 
 
 def _master(hosts, one_host):
