@@ -68,30 +68,28 @@ def test_two_stops_during_a_loop_of_broadcasts_each_get_a_reply(session, gap):
     assert session.run("%mpi restart --fresh", timeout=REPLY_WITHIN).status == "ok"
 
 
+# moments after the magic returned, each made to last 2 s: IPython's post-run callbacks (a callback of the user's),
+# and ipykernel flushing the output and sending the reply (its own setting)
+AFTER_THE_MAGIC = {
+    "a slow post-run callback": ("import time\ndef slow_after(result):\n    time.sleep(2)\n"
+                                 "get_ipython().events.register('post_run_cell', slow_after)",
+                                 "get_ipython().events.unregister('post_run_cell', slow_after)"),
+    "the kernel sending the reply": ("get_ipython().kernel._execute_sleep = 2.0",
+                                     "get_ipython().kernel._execute_sleep = 0.0005"),
+}
+
+
 @through_a_kernel
-def test_a_stop_during_a_slow_post_run_callback_is_let_go(session):
-    """A Stop once the magic has returned, while IPython runs the post-run callbacks: nothing to stop, the cell keeps
-    its result (here a callback of the user's makes that moment last 2 s)."""
-    assert session.run("import time\ndef slow_after(result):\n    time.sleep(2)\n"
-                       "get_ipython().events.register('post_run_cell', slow_after)").status == "ok"
+@pytest.mark.parametrize("moment", list(AFTER_THE_MAGIC))
+def test_a_stop_once_the_magic_returned_is_let_go_and_the_reply_comes(session, moment):
+    """A Stop once the magic has returned: nothing to stop, the cell keeps its result, and the reply still comes."""
+    setup, undo = AFTER_THE_MAGIC[moment]
+    assert session.run(setup).status == "ok"
     try:
         shown = clean(session.run("%%mpi\n" + LAST_WORDS, stops=(0.5,), after=LAST, timeout=REPLY_WITHIN))
         assert shown.status == "ok" and "KeyboardInterrupt" not in shown.text, shown.text
     finally:
-        session.run("get_ipython().events.unregister('post_run_cell', slow_after)", timeout=REPLY_WITHIN)
-    usable(session)
-
-
-@through_a_kernel
-def test_a_stop_while_the_kernel_sends_the_reply_is_let_go(session):
-    """A Stop after IPython is done with the cell, while ipykernel flushes the output and sends the reply (its own
-    setting makes that moment last 2 s): the reply still comes."""
-    assert session.run("get_ipython().kernel._execute_sleep = 2.0").status == "ok"
-    try:
-        shown = clean(session.run("%%mpi\n" + LAST_WORDS, stops=(0.5,), after=LAST, timeout=REPLY_WITHIN))
-        assert shown.status == "ok" and "KeyboardInterrupt" not in shown.text, shown.text
-    finally:
-        session.run("get_ipython().kernel._execute_sleep = 0.0005", timeout=REPLY_WITHIN)
+        session.run(undo, timeout=REPLY_WITHIN)
     usable(session)
 
 
