@@ -501,11 +501,10 @@ def test_08_bring_your_own_script(bring_your_own_script):
 
 
 @runs_a_kernel
-@pytest.mark.xfail(strict=True, reason="mpinb names the line of the call %mpi run makes, not the script's: "
-                                       "'at cell line 1' and '__import__(\"mpinb.rank.run_script\", ...)'")
 def test_08_the_uneven_diagnosis_names_the_scripts_own_line(bring_your_own_script):
     """Every line number mpinb shows is the editor's: in a script run by %mpi run, a line of train.py."""
     uneven = shown(next(c for c in bring_your_own_script.cells
                         if "raises-exception" in c.metadata.get("tags", [])))
     assert "mpinb.rank.run_script" not in uneven and "at cell line 1" not in uneven, uneven
-    assert "train.py" in uneven.split("Likely uneven inputs")[0], uneven
+    assert "rank 0 in DDP all_reduce(161 x float32) at train.py line 45;" in uneven, uneven
+    assert "called at train.py line 45: fabric.backward(loss)" in uneven, uneven  # the line as the editor numbers it

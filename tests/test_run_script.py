@@ -206,9 +206,38 @@ def test_a_script_that_never_returns_is_stopped_as_a_cell(ip, world_of, mpi, tmp
     threading.Thread(target=press_stop_once_both_started, daemon=True).start()
     with pytest.raises(KeyboardInterrupt) as info:
         ip.run_line_magic("mpi", f"run {path} --forever")
-    assert "forever.py" in rendered(info.value)  # where each rank was: in the script
+    shown = rendered(info.value)
+    assert "time.sleep(0.05) at forever.py line 6" in shown, shown  # where each rank was: the script's line
+    assert "cell line" not in shown and "run_script" not in shown, shown
     assert mpi("(__name__, '__file__' in globals(), list(sys.argv))") == before
     assert mpi("rank") == {0: 0, 1: 1}
+
+
+def test_a_mismatch_and_a_stuck_rank_in_a_script_are_named_at_the_scripts_lines(ip, world_of, mpi, tmp_path):
+    """The lines mpinb names are the script's, as the editor numbers them, never the one-line cell that ran it."""
+    world_of(2)
+    path = script(tmp_path, """\
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+
+
+        def wait_for(value):
+            comm.Barrier()
+            return value
+
+
+        if comm.Get_rank() == 0:
+            wait_for("only rank 0 gets here")
+        """, name="lonely.py")
+    with pytest.raises(RankError) as info:
+        ip.run_line_magic("mpi", f"run --timeout 60 {path}")
+    text = str(info.value)
+    assert "rank 0 in Barrier() at lonely.py line 7" in text, text
+    assert "rank 1 finished the cell without entering it" in text, text
+    shown = rendered(info.value)
+    assert "run_script" not in shown and "cell line" not in shown and "__import__" not in shown, shown
+    assert mpi("comm.allreduce(1)") == {0: 2, 1: 2}
 
 
 def test_options_before_the_file_are_mpinbs_and_after_it_the_scripts(ip, magics, world_of, mpi, capsys, tmp_path):

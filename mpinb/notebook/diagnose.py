@@ -12,6 +12,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+from ..rank.run_script import script_in
 from ..rank.stacks import WRAPPERS, aborts
 from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
 from .reaper import alive
@@ -39,21 +40,31 @@ class RankStack:
     def cell_line(self):
         return next((line for file, line, _ in self.frames if file == self.cell_file), None)
 
+    def line(self, cell_source=""):
+        """``("cell line 3", "comm.recv(source=1)")``: where in the user's code the rank is, and that line's text;
+        in a script ``%mpi run`` runs, ``("train.py line 40", ...)``. ``(None, "")`` outside of them."""
+        line = self.cell_line
+        if not line:
+            return None, ""
+        script = script_in(cell_source)
+        if script is not None and self.cell_file == script:
+            return f"{os.path.basename(script)} line {line}", _source_line(script, line).strip()
+        lines = cell_source.splitlines()
+        return f"cell line {line}", lines[line - 1].strip() if line <= len(lines) else ""
+
     def where(self, cell_source="", *, verb="blocked in"):
         """``blocked in comm.recv(source=1) at cell line 3`` (or what can be said)."""
         if not self.frames:
             return self.note or "stack not available"
-        line = self.cell_line
-        lines = cell_source.splitlines()
-        text = lines[line - 1].strip() if line and line <= len(lines) else ""
+        place, text = self.line(cell_source)
         # inside mpinb's own code (mpinb.report, its gather), the call the cell made is where the rank is
         own = [frame for frame in self.frames if not _MPINB_FILE.search(frame[0])] or self.frames
         innermost_file, innermost_line, function = own[0]
         if innermost_file == self.cell_file:
-            return f"{verb} {text} at cell line {line}" if text else f"at cell line {line}"
+            return f"{verb} {text} at {place}" if text else f"at {place}"
         inside = f"{function} ({self._place(innermost_file, innermost_line)})"
-        if line:
-            return f"{verb} {inside}, called at cell line {line}: {text}"
+        if place:
+            return f"{verb} {inside}, called at {place}: {text}"
         return f"{verb} {inside}"
 
     def in_communication(self, cell_source=""):
@@ -66,7 +77,8 @@ class RankStack:
         if any(part in file for part in _COMMUNICATION_FILES):
             return True
         lines = cell_source.splitlines()
-        text = lines[line - 1] if file == self.cell_file and 0 < line <= len(lines) else _source_line(file, line)
+        in_cell = file == self.cell_file and script_in(cell_source) is None
+        text = lines[line - 1] if in_cell and 0 < line <= len(lines) else _source_line(file, line)
         return bool(_COMMUNICATION_CALL.search(text))
 
     def text(self):

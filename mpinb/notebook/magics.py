@@ -13,6 +13,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, validate
 
 from ..errors import BadArguments, MPIError, NoMPI, StartInterrupted
+from ..rank import run_script
 from ..widgets import views
 from ..wire.ranks import parse_ranks
 from . import arguments, kept_state, stops, visual_debugger
@@ -277,7 +278,7 @@ class MPIMagics(Magics):
             raise UsageError(f"--timeout takes seconds, a number of at least 0 (0: no limit), not {timeout:g}")
         with stops.deferred():  # a Stop while the world starts rolls the start back, said in one line
             self.ensure_world(n=args.n)
-        cell = f'__import__("mpinb.rank.run_script", fromlist=["run"]).run({path!r}, {list(args.args)!r})'
+        cell = run_script.cell(path, args.args)
         self._run_deferred(cell, ranks=None, stream=self.stream, gather=None, inspect=False, timeout=timeout,
                            trace=args.trace)
 

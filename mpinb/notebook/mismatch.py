@@ -271,27 +271,25 @@ def signature_text(signature):
 
 
 def _describe(comm, seq, entries, states, code, *, entered=False):
-    lines = code.splitlines()
     groups = {}
     for rank, (kind, signature) in entries.items():
-        line = _stack(rank, states[rank]).cell_line if rank in states else None
-        key = (kind, signature, line if kind in ("in", "passed", "elsewhere") else None)
+        line = _stack(rank, states[rank]).line(code) if rank in states else (None, "")
+        key = (kind, signature, line if kind in ("in", "passed", "elsewhere") else (None, ""))
         groups.setdefault(key, []).append(rank)
     order = {"in": 0, "passed": 1, "elsewhere": 2, "finished": 3, "failed": 4, "silent": 5}
     parts = []
-    for (kind, signature, line), members in sorted(groups.items(), key=lambda item: (order[item[0][0]],
-                                                                                       item[1][0])):
+    for (kind, signature, (place, text)), members in sorted(groups.items(), key=lambda item: (order[item[0][0]],
+                                                                                                item[1][0])):
         who = label_ranks(members)
-        text = lines[line - 1].strip() if line and line <= len(lines) else ""
         if kind == "in":
             verb = "called" if entered else "in"
-            parts.append(f"{who} {verb} {signature_text(signature)}" + (f" at cell line {line}" if line else ""))
+            parts.append(f"{who} {verb} {signature_text(signature)}" + (f" at {place}" if place else ""))
         elif kind == "passed":
             how = f" as {signature_text(signature)}" if signature else ""
-            now = f" (now at cell line {line}: {text})" if line else ""
+            now = f" (now at {place}: {text})" if place else ""
             parts.append(f"{who} passed it{how}{now}" if not entered else f"{who} called it")
         elif kind == "elsewhere":
-            where = f" (at cell line {line}: {text})" if line else ""
+            where = f" (at {place}: {text})" if place else ""
             parts.append(f"{who} {'is' if len(members) == 1 else 'are'} not in a collective{where}")
         elif kind == "finished":
             parts.append(f"{who} finished the cell without entering it")

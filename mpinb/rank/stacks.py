@@ -12,6 +12,7 @@ abort) dumps the stacks to the same file before the rank dies, so the notebook c
 """
 
 import atexit
+import contextlib
 import faulthandler
 import os
 import re
@@ -168,6 +169,23 @@ def cell_started(filename, number):
     cell_numbers[filename] = number
     if _file is not None:
         _file.write(f"named {number} {filename}\ncell {filename}\n")
+
+
+@contextlib.contextmanager
+def running_file(path):
+    """A script (``%mpi run``) runs inside the cell: its file, not the one-line cell that called it, is where the
+    user's lines are while it runs."""
+    global current_cell_file
+    cell = current_cell_file
+    current_cell_file = path
+    if _file is not None:
+        _file.write(f"cell {path}\n")
+    try:
+        yield
+    finally:
+        current_cell_file = cell
+        if _file is not None:
+            _file.write(f"cell {cell}\n")
 
 
 def remove():
