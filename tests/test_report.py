@@ -130,3 +130,33 @@ def test_under_plain_mpiexec_without_a_notebook(tmp_path):
     frame = mpinb.read_metrics(str(tmp_path / "metrics-*.jsonl"))
     assert frame.groupby("rank").size().to_dict() == {0: 50, 1: 51}
     assert frame[frame["rank"] == 1].value.iloc[:50].tolist() == [100.0 + s for s in range(50)]
+
+
+def test_under_torchrun_each_worker_reports_as_its_own_rank(tmp_path):
+    """A script launched by ``torchrun`` (no MPI launcher, mpi4py not loaded): each worker is the rank torchrun
+    says in ``RANK``; only rank 0 prints the summary, and each writes its own metrics file."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import sys
+        import mpinb
+        rank = int(os.environ["RANK"])
+        for step in range(10):
+            mpinb.report(loss=100.0 * rank + step)
+        assert "mpi4py" not in sys.modules
+    """))
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("PMI_", "OMPI_", "PMIX_", "SLURM_", "MPINB_", "RANK", "WORLD_SIZE", "LOCAL_",
+                                   "GROUP_", "ROLE_", "MASTER_", "TORCHELASTIC_"))}
+    env.update(MPINB_METRICS_FILE=str(tmp_path / "metrics-{rank}.jsonl"), MPINB_REPORT_EVERY="60")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summaries = [line for line in done.stdout.splitlines() if line.startswith("[mpinb] rank")]
+    assert len(summaries) == 1 and summaries[0].startswith("[mpinb] rank 0 step 9: loss=9 ("), done.stdout
+    import mpinb
+
+    frame = mpinb.read_metrics(str(tmp_path / "metrics-*.jsonl"))
+    assert frame.groupby("rank").size().to_dict() == {0: 10, 1: 10}
+    assert frame[frame["rank"] == 1].value.tolist() == [100.0 + s for s in range(10)]

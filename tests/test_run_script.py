@@ -240,6 +240,51 @@ def test_a_mismatch_and_a_stuck_rank_in_a_script_are_named_at_the_scripts_lines(
     assert mpi("comm.allreduce(1)") == {0: 2, 1: 2}
 
 
+DDP_TUTORIAL_UNEVEN = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = [torch.randn(8, 4) for _ in range(5 + (rank == 0))]  # one batch more on rank 0
+for step, x in enumerate(batches):
+    optimizer.zero_grad()
+    model(x).pow(2).mean().backward()
+    optimizer.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_ddp_script_that_destroys_its_group_is_let_out_of_uneven_inputs_and_runs_again(ip, world_of, mpi,
+                                                                                         capfd, tmp_path):
+    """A plain DDP script that ends with ``destroy_process_group()``, as the PyTorch DDP tutorial does, with one
+    batch more on rank 0: rank 1 finishes and destroys its group while rank 0 waits in its last step's
+    all_reduce. Rank 1 stands in for that step on the group it destroyed (its DDP model still holds it): the
+    world and the run's globals are kept. Run again, rank 0's group (which it never got to destroy) is ended
+    first, so ``init_process_group`` meets on both ranks, as in new processes."""
+    pytest.importorskip("torch")
+    world_of(2)
+    # as a new torchrun worker: no group yet (an earlier test's cells may have made one in this shared world)
+    mpi("import torch.distributed as dist\nif dist.is_initialized():\n    dist.destroy_process_group()")
+    path = script(tmp_path, DDP_TUTORIAL_UNEVEN, name="ddp_uneven.py")
+    for run in range(2):
+        capfd.readouterr()
+        with pytest.raises(RankError) as info:
+            ip.run_line_magic("mpi", f"run {path}")
+        text = str(info.value)
+        assert "rank 0 in DDP all_reduce(5 x float32) at ddp_uneven.py line 13" in text, text
+        assert "Likely uneven inputs" in text and "the world and every rank's variables are kept" in text, text
+        assert "LookupError" not in text and "started again" not in text, text
+        assert mpi("(step, len(batches))") == {0: (5, 6), 1: (4, 5)}  # the run's globals, kept
+        err = capfd.readouterr().err
+        ended = "[rank 0] torch.distributed's default process group, destroyed on rank 1 by the last run, destroyed"
+        assert (ended in err) == (run == 1), err
+
+
 def test_options_before_the_file_are_mpinbs_and_after_it_the_scripts(ip, magics, world_of, mpi, capsys, tmp_path):
     world_of(2)
     path = script(tmp_path, "import sys\nfrom mpi4py import MPI\nprint('argv', sys.argv[1:])\n"

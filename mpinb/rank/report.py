@@ -241,7 +241,10 @@ def _read_deferred(batch):
 
 
 def _world_rank():
-    """This process's MPI rank without initialising MPI: the launcher's environment, else mpi4py if loaded."""
+    """This process's rank without initialising MPI: torchrun's ``RANK`` for its workers, the MPI launcher's
+    environment, else mpi4py's if it is loaded."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ:  # torchrun's (under srun too: not SLURM_PROCID)
+        return int(os.environ["RANK"])
     for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if variable in os.environ:
             return int(os.environ[variable])

@@ -52,6 +52,7 @@ def run(path, args=(), *, namespace=None):
     """
     if namespace is None:
         namespace = runner.user_namespace()
+    _process_groups_alike()
     name = os.path.basename(path)
     with open(path, "rb") as file:
         source = file.read()
@@ -85,6 +86,34 @@ def run(path, args=(), *, namespace=None):
                 namespace.pop(key, None)
             else:
                 namespace[key] = value
+
+
+def _process_groups_alike():
+    """Before a script runs, torch.distributed's default process group is on every rank or on none.
+
+    A script run in a process of its own ends with its groups. Here the ranks live on, and a run that failed on
+    one rank after another had destroyed its group at the end (``destroy_process_group()``, as the PyTorch DDP
+    tutorial does) leaves a group on the first rank only: the next run's ``init_process_group`` then fails there
+    ("initialize the default process group twice") while the other ranks wait for it. A rank whose group its
+    peers no longer have destroys it too, so the script starts on every rank as in a new process. Every rank
+    calls this first, before anything of the script's can fail, on mpi4py's own (untraced) ``COMM_WORLD``, so
+    no ledger counts it.
+    """
+    from mpi4py import MPI
+
+    from ..wire.ranks import label_ranks
+    from .tracing.comms import registry
+
+    dist = sys.modules.get("torch.distributed")
+    mine = bool(dist is not None and dist.is_available() and dist.is_initialized())
+    world = registry.installed["original"][0] if registry.installed is not None else MPI.COMM_WORLD
+    everyone = world.allgather(mine)
+    if mine and not all(everyone):
+        dist.destroy_process_group()
+        without = [rank for rank, has in enumerate(everyone) if not has]
+        print(f"torch.distributed's default process group, destroyed on {label_ranks(without)} by the last run, "
+              "destroyed here too: the script starts with none on every rank, as in a new process",
+              file=sys.stderr)
 
 
 def _failure(name, exc):

@@ -26,7 +26,7 @@ OP = "DDP all_reduce"
 _state = tracing.state
 _done = False
 models = weakref.WeakSet()  # the DDP models made on this rank, to name their parameters in DDP's errors
-_steps = weakref.WeakKeyDictionary()  # DDP model -> (count, dtype, its step's outstanding entry or None)
+_steps = weakref.WeakKeyDictionary()  # DDP model -> [count, dtype, its step's outstanding entry or None, ledger]
 _original_match = []  # DDP's own _match_all_reduce_for_bwd_pass, which shadow() calls (it counts the step itself)
 
 
@@ -50,7 +50,12 @@ def install(module):
         grads = [parameter for parameter in self.parameters() if parameter.requires_grad]
         dtypes = {parameter.dtype for parameter in grads}
         dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None
-        _steps[self] = [sum(parameter.numel() for parameter in grads), dtype, None]
+        import torch.distributed as dist
+
+        # its ledger, named now: a rank that destroys its default group after its last step still stands in for
+        # this model's steps on the group it has kept (the name torch gives it then is no longer "default")
+        _steps[self] = [sum(parameter.numel() for parameter in grads), dtype, None,
+                        trace_torch.group_name(dist, self.process_group)]
 
     before = ddp._pre_forward
 
@@ -78,7 +83,7 @@ def install(module):
         if step is not None:
             import torch.distributed as dist
 
-            trace_torch.note(dist, self.process_group, OP, None, step[0], step[1])
+            trace_torch.note(dist, self.process_group, OP, None, step[0], step[1], name=step[3])
         return match(self)
 
     ddp.__init__ = __init__
@@ -114,7 +119,8 @@ def _forward(model):
         return  # no reduction follows (no_sync(), torch.no_grad())
     import torch.distributed as dist
 
-    info, seq, signature, start = trace_torch.note(dist, model.process_group, OP, None, step[0], step[1])
+    info, seq, signature, start = trace_torch.note(dist, model.process_group, OP, None, step[0], step[1],
+                                                   name=step[3])
     step[2] = Step()
     _state.launched(info, seq, signature, start, step[2])
 
@@ -152,13 +158,14 @@ def shadow(name, signature):
     import torch.distributed as dist
 
     count = signature[2]
-    candidates = [model for model, step in list(_steps.items()) if step[0] == count]
-    if not candidates:
+    sized = [(model, step[3]) for model, step in list(_steps.items()) if step[0] == count]
+    if not sized:
         raise LookupError(f"no DDP model with {count} gradient elements on this rank")
+    candidates = [model for model, ledger in sized if ledger == name]
+    if not candidates:
+        raise LookupError(f"the DDP model with {count} gradient elements reduces on {sized[-1][1]}, not {name}")
     model = candidates[-1]
-    info, *_ = trace_torch.note(dist, model.process_group, OP, None, count, signature[3])
-    if info.name != name:
-        raise LookupError(f"the DDP model with {count} gradient elements reduces on {info.name}, not {name}")
+    trace_torch.note(dist, model.process_group, OP, None, count, signature[3], name=name)
     _original_match[0](model)
     if model.find_unused_parameters:
         model._match_unused_params_allreduce()

@@ -159,7 +159,7 @@ def _span(dist, name, group, root, tensor, start, end, seq):
     sent, received = (size, 0) if name != "recv" else (0, size)
     count, dtype = _shape(tensor)
     detail = f"{count} x {dtype}" if count is not None else ""
-    _state.spans.append((name, _group_name(dist, group), root, sent, received, start, end, seq, "torch", detail))
+    _state.spans.append((name, group_name(dist, group), root, sent, received, start, end, seq, "torch", detail))
     _state.recorded += 1
 
 
@@ -185,17 +185,18 @@ def _wrap_coalesced(dist, function):
     return broadcast_coalesced
 
 
-def note(dist, group, op, root, count, dtype):
-    """Count collective *op* of *group* in its ledger: ``(ledger, seq, signature, start_ns)``."""
-    info = _ledger(dist, group)
+def note(dist, group, op, root, count, dtype, *, name=None):
+    """Count collective *op* of *group* in its ledger (the one named *name*, when given): ``(ledger, seq,
+    signature, start_ns)``."""
+    info = _ledger(dist, group, name)
     signature = (op, root, count, dtype)
     info.count += 1
     info.recent.append((info.count, signature))
     return info, info.count, signature, _now()
 
 
-def _ledger(dist, group):
-    name = _group_name(dist, group)
+def _ledger(dist, group, name=None):
+    name = name or group_name(dist, group)
     ledger = _state.ledgers.get(name)
     if ledger is None:
         try:
@@ -210,7 +211,8 @@ def _ledger(dist, group):
     return ledger
 
 
-def _group_name(dist, group):
+def group_name(dist, group):
+    """The name of *group*'s ledger: ``torch:default`` for the default group, else ``torch:<its name>``."""
     if group is None:
         return "torch:default"
     name = getattr(group, "group_name", None)
