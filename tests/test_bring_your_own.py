@@ -3,7 +3,8 @@ Fabric and Trainer, Hugging Face Accelerate and Trainer, and the PyTorch DDP tut
 trains a tiny model built from code or a config (nothing is downloaded: the kernel runs with ``HF_HUB_OFFLINE=1``
 and ``TRANSFORMERS_OFFLINE=1``) for a few steps and ends with the same parameters on every rank, changed from where
 they started; reports from a Lightning ``Callback`` and a Hugging Face ``TrainerCallback`` reach
-``mpinb.metrics()``; mpinb still names uneven inputs under Fabric, and ``%mpi who`` lists the frameworks' objects.
+``mpinb.metrics()``; mpinb still names uneven inputs under Fabric and a mismatch under Accelerate, ``%mpi who`` lists
+the frameworks' objects, and pdb stops inside Lightning's ``training_step`` and after a failure in a Fabric step.
 
 Checked with lightning 2.6.6, accelerate 1.15.0 and transformers 5.24.0 (the ``frameworks`` extra), on torch 2.13.0
 (CPU). None of them needs code of mpinb's: every rank has torchrun's environment, so Lightning picks its
@@ -298,6 +299,120 @@ def test_accelerate_prepares_trains_and_gathers(session):
                                           "1": "1 2 DistributedType.MULTI_CPU"}, shown.text
     assert lines(shown, "gathered") == {"0": "[1.0, 2.0]", "1": "[1.0, 2.0]"}
     assert_equal_replicas(shown, "accelerate")
+
+
+ACCELERATE_MISMATCH = """%%mpi
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator(cpu=True)
+total = torch.tensor([float(accelerator.process_index + 1)])
+if accelerator.process_index == 0:
+    summed = accelerator.reduce(total, reduction="sum")
+else:
+    everyone = accelerator.gather(total)
+"""
+
+
+def test_a_mismatch_under_accelerate_is_named_and_nothing_is_lost(session):
+    """Rank 0 reduces while rank 1 gathers, both through Accelerate: named from the ledgers of torch.distributed
+    within seconds (gloo would wait 30 minutes), each rank's call at its cell line; two different gloo
+    collectives cannot be undone, so the world starts again with every rank's variables."""
+    needs("accelerate")
+    assert session.run("%%mpi\nkept_before = rank * 10").status == "ok"
+    shown = session.run(ACCELERATE_MISMATCH, timeout=CELL_TIMEOUT)
+    assert shown.status == "error", shown.text
+    assert not shown.internal_frames(), shown.text
+    assert ("collective #1 on torch:default: rank 0 in all_reduce(1 x float32) at cell line 7; rank 1 in "
+            "all_gather(1 x float32) at cell line 9") in shown.text, shown.text
+    assert "Likely the ranks call collectives in a different order" in shown.text
+    assert 'called at cell line 7: summed = accelerator.reduce(total, reduction="sum")' in shown.text
+    assert "Timed out" not in shown.text and "restored every rank's variables" in shown.text, shown.text
+    kept = session.run("%%mpi\nprint('kept', kept_before)")
+    assert lines(kept, "kept") == {"0": "0", "1": "10"}, kept.text
+
+
+# --- the debugger inside a framework's loop -------------------------------------------------------------------
+
+TRAINER_BREAKPOINT = """%%mpi
+import torch
+import lightning as L
+
+class Paused(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        if batch_idx == 1 and self.global_rank == 1:
+            breakpoint()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+L.seed_everything(0)
+paused = Paused()
+data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=3, enable_checkpointing=False,
+                    logger=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(paused, torch.utils.data.DataLoader(data, batch_size=4))
+print("trained", trainer.global_step, fingerprint(paused))
+"""
+
+
+def test_a_breakpoint_in_a_lightning_training_step_stops_that_rank_in_the_notebook(session):
+    """``breakpoint()`` inside ``training_step``, called by Lightning's loop deep under ``Trainer.fit``: rank 1's
+    pdb prompt comes to the notebook at the cell's line, its locals readable; rank 0 waits in DDP's all_reduce
+    meanwhile (not called a mismatch), and both finish training, the same weights on both."""
+    needs("lightning")
+    assert session.run(FINGERPRINT).status == "ok"
+    shown = session.run(TRAINER_BREAKPOINT, timeout=CELL_TIMEOUT,
+                        answers=["p batch_idx", "p (self.global_rank, x.shape[0], loss.item() >= 0)", "c"])
+    assert shown.status == "ok", shown.text
+    assert shown.prompts == ["(rank 1) (Pdb) "] * 3, shown.prompts
+    assert re.search(r"^\[rank 1\] > Cell In\[\d+\]\(14\)training_step\(\)$", shown.text, re.M), shown.text
+    assert "[rank 1] 1\n" in shown.text and "[rank 1] (1, 4, True)" in shown.text, shown.text
+    trained = lines(shown, "trained")
+    assert trained["0"] == trained["1"] and trained["0"].startswith("3 "), shown.text
+    assert "CollectiveMismatch" not in shown.text and not shown.internal_frames(), shown.text
+
+
+FABRIC_NAN = """%%mpi
+fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+fabric.launch()
+layer = torch.nn.Linear(4, 1)
+model, optimizer = fabric.setup(layer, torch.optim.SGD(layer.parameters(), lr=0.1))
+
+def train_step(x):
+    loss = model(x).pow(2).mean()
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"loss {loss.item()} at step {step}")
+    fabric.backward(loss)
+    optimizer.step()
+
+for step in range(4):
+    train_step(torch.full((8, 4), float("nan")) if step == 2 else torch.randn(8, 4))
+"""
+
+
+def test_post_mortem_inside_a_fabric_training_step(session):
+    """A loss that turns NaN at step 2 on every rank of a Fabric loop: the world is kept, and ``%mpi debug 1``
+    opens pdb where rank 1 raised, with the step's locals and ``up`` into the cell's loop."""
+    needs("lightning")
+    assert session.run("%%mpi\nimport torch\nfrom lightning.fabric import Fabric").status == "ok"
+    shown = session.run(FABRIC_NAN, timeout=CELL_TIMEOUT)
+    assert shown.status == "error", shown.text
+    assert "ranks 0-1: FloatingPointError: loss nan at step 2" in shown.text, shown.text
+    assert "started again" not in shown.text
+    debug = session.run("%mpi debug 1", answers=["p step", "p loss.isnan().item()", "up", "p step + 1", "q"])
+    assert debug.status == "ok", debug.text
+    assert debug.prompts == ["(rank 1) (Pdb) "] * 5, debug.text
+    assert re.search(r"^\[rank 1\] > Cell In\[\d+\]\(9\)train_step\(\)$", debug.text, re.M), debug.text
+    assert "[rank 1] 2\n" in debug.text and "[rank 1] True" in debug.text and "[rank 1] 3" in debug.text, debug.text
+    assert not debug.internal_frames(), debug.text
 
 
 # --- Hugging Face Trainer -----------------------------------------------------------------------------------------
