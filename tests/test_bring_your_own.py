@@ -319,14 +319,19 @@ def test_a_mismatch_under_accelerate_is_named_and_nothing_is_lost(session):
     within seconds (gloo would wait 30 minutes), each rank's call at its cell line; two different gloo
     collectives cannot be undone, so the world starts again with every rank's variables."""
     needs("accelerate")
-    assert session.run("%%mpi\nkept_before = rank * 10").status == "ok"
-    shown = session.run(ACCELERATE_MISMATCH, timeout=CELL_TIMEOUT)
+    # the next cell waits for this one's snapshot (a person pausing between cells gives the ranks that moment)
+    assert session.run("%config MPIMagics.snapshot_lag = 0").status == "ok"
+    try:
+        assert session.run("%%mpi\nkept_before = rank * 10").status == "ok"
+        shown = session.run(ACCELERATE_MISMATCH, timeout=CELL_TIMEOUT)
+    finally:
+        session.run("%config MPIMagics.snapshot_lag = 10.0")  # the default
     assert shown.status == "error", shown.text
     assert not shown.internal_frames(), shown.text
-    assert ("collective #1 on torch:default: rank 0 in all_reduce(1 x float32) at cell line 7; rank 1 in "
-            "all_gather(1 x float32) at cell line 9") in shown.text, shown.text
+    assert re.search(r"collective #\d+ on torch:default: rank 0 in all_reduce\(1 x float32\) at cell line 8; rank 1 in "
+                     r"all_gather\(1 x float32\) at cell line 10\.", shown.text), shown.text
     assert "Likely the ranks call collectives in a different order" in shown.text
-    assert 'called at cell line 7: summed = accelerator.reduce(total, reduction="sum")' in shown.text
+    assert 'called at cell line 8: summed = accelerator.reduce(total, reduction="sum")' in shown.text
     assert "Timed out" not in shown.text and "restored every rank's variables" in shown.text, shown.text
     kept = session.run("%%mpi\nprint('kept', kept_before)")
     assert lines(kept, "kept") == {"0": "0", "1": "10"}, kept.text
@@ -373,7 +378,7 @@ def test_a_breakpoint_in_a_lightning_training_step_stops_that_rank_in_the_notebo
                         answers=["p batch_idx", "p (self.global_rank, x.shape[0], loss.item() >= 0)", "c"])
     assert shown.status == "ok", shown.text
     assert shown.prompts == ["(rank 1) (Pdb) "] * 3, shown.prompts
-    assert re.search(r"^\[rank 1\] > Cell In\[\d+\]\(14\)training_step\(\)$", shown.text, re.M), shown.text
+    assert re.search(r"^\[rank 1\] > Cell In\[\d+\]\(15\)training_step\(\)$", shown.text, re.M), shown.text
     assert "[rank 1] 1\n" in shown.text and "[rank 1] (1, 4, True)" in shown.text, shown.text
     trained = lines(shown, "trained")
     assert trained["0"] == trained["1"] and trained["0"].startswith("3 "), shown.text
@@ -410,7 +415,7 @@ def test_post_mortem_inside_a_fabric_training_step(session):
     debug = session.run("%mpi debug 1", answers=["p step", "p loss.isnan().item()", "up", "p step + 1", "q"])
     assert debug.status == "ok", debug.text
     assert debug.prompts == ["(rank 1) (Pdb) "] * 5, debug.text
-    assert re.search(r"^\[rank 1\] > Cell In\[\d+\]\(9\)train_step\(\)$", debug.text, re.M), debug.text
+    assert re.search(r"^\[rank 1\] > Cell In\[\d+\]\(10\)train_step\(\)$", debug.text, re.M), debug.text
     assert "[rank 1] 2\n" in debug.text and "[rank 1] True" in debug.text and "[rank 1] 3" in debug.text, debug.text
     assert not debug.internal_frames(), debug.text
 

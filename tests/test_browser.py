@@ -201,7 +201,7 @@ def test_faults_render_in_jupyterlab_with_who_failed_and_where(tmp_path, monkeyp
         for index in range(len(EDGES)):
             run(cells.nth(index), page, wait=True)
         shown = [cells.nth(index).locator(".jp-OutputArea").inner_text() for index in range(len(EDGES))]
-    assert "[mpinb]   rank 0: blocked in comm.recv(source=1) at cell line 2" in shown[1]
+    assert "[mpinb]   rank 0: blocked in comm.recv(source=1) at cell line 3" in shown[1]
     assert "rank 1: ValueError: bad batch on rank 1" in shown[2] and "rank 0 finished" not in shown[2]
     assert "rank 1 called MPI_Abort(MPI_COMM_WORLD, 3), so mpiexec ended every rank of the job (error code 3)" \
         in shown[3], shown[3]
@@ -239,7 +239,7 @@ def test_the_timeline_and_a_mismatch_render_in_jupyterlab(tmp_path, monkeypatch)
     bars = max(len(re.findall(r"M", d)) for d in lanes)
     assert bars >= 4 * 30, lanes  # the Allreduce bars of four ranks, one subpath each
     assert "straggler: the other ranks wait" in shown[0] and "per step for it" in shown[0]
-    assert "collective #" in shown[1] and "rank 1 in Allreduce(4 x float32) at cell line 3" in shown[1], shown[1]
+    assert "collective #" in shown[1] and "rank 1 in Allreduce(4 x float32) at cell line 4" in shown[1], shown[1]
     assert "Error displaying widget" not in "".join(shown)
     assert not leftover_ranks(tag)
 

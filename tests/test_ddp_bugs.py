@@ -61,7 +61,7 @@ def healthy_step(k):
 def test_uneven_inputs_are_named_and_the_world_kept(ddp):
     shown = clean(ddp.run("%%mpi\nfor x in batches:\n    step(x)\nkept = 'yes'"))
     assert shown.status == "error", shown.text
-    assert "rank 0 in DDP all_reduce(5 x float32) at cell line 2" in shown.text, shown.text
+    assert "rank 0 in DDP all_reduce(5 x float32) at cell line 3" in shown.text, shown.text
     assert "rank 1 finished the cell without entering it" in shown.text
     assert "uneven inputs" in shown.text and "model.join()" in shown.text and "drop_last=True" in shown.text
     assert "the world and every rank's variables are kept" in shown.text

@@ -66,7 +66,7 @@ def test_post_mortem_on_the_failing_rank_and_breakpoints_on_one_rank_or_several(
         assert "[rank 1] ValueError: bad batch" in text
         assert "[rank 1] 28" in text and "[rank 1] 100" in text  # z of the failing frame, then x a frame up
         assert "f(rank + 3)" in text  # l showed the cell's source
-        assert "> Cell In[2](5)f()" in text and "ipykernel_" not in text  # where pdb is: the cell, as IPython names it
+        assert "> Cell In[2](6)f()" in text and "ipykernel_" not in text  # where pdb is: the cell, as IPython names it
         status, text, prompts = run(client, "%mpi debug 0")
         assert "rank 0 has no failed cell to debug" in text and not prompts
 

@@ -30,7 +30,7 @@ def test_ranks_deadlocked_at_the_same_line_are_listed_once(world_of, mpi, capsys
     capsys.readouterr()
     error = failed(lambda: mpi("x = 1\ncomm.recv(source=(rank + 1) % size)", line="--timeout 3"))
     text = shown(error, capsys)
-    where = "blocked in comm.recv(source=(rank + 1) % size) at cell line 2"
+    where = "blocked in comm.recv(source=(rank + 1) % size) at cell line 3"
     assert f"[mpinb]   ranks 0-3: {where}" in text, text
     assert "[mpinb]   rank 0:" not in text
     assert [ranks for ranks, _ in error.groups] == [[0, 1, 2, 3]], text
@@ -58,8 +58,8 @@ def test_a_syntax_error_reads_as_ipython_shows_it_with_the_line_and_a_caret(worl
     capsys.readouterr()
     error = failed(lambda: mpi("x = 1\ndef f(:\n    pass"))
     text = shown(error, capsys)
-    assert "ranks 0-1: SyntaxError: invalid syntax (cell line 2)" in str(error), str(error)
-    assert re.search(r"Cell In\[\d+\], line 2\n    def f\(:\n +\^", text), text
+    assert "ranks 0-1: SyntaxError: invalid syntax (cell line 3)" in str(error), str(error)
+    assert re.search(r"Cell In\[\d+\], line 3\n    def f\(:\n +\^", text), text
     assert "ipython-input" not in text, text
     assert mpi("rank") == {0: 0, 1: 1}
 
@@ -105,12 +105,12 @@ def test_where_each_rank_was_names_cells_as_ipython_does_in_a_kernel():
         status, text, _ = run(client, "%%mpi --timeout 2\nwait()")  # In[3]
         assert status == "error"
         assert "ipykernel_" not in text, text
-        assert "[mpinb]   ranks 0-1: blocked in wait (Cell In[2], line 2), called at cell line 1: wait()" in text
-        assert "Where it was (most recent call last):\n  Cell In[3], line 1\n  Cell In[2], line 2, in wait" in text
+        assert "[mpinb]   ranks 0-1: blocked in wait (Cell In[2], line 3), called at cell line 2: wait()" in text
+        assert "Where it was (most recent call last):\n  Cell In[3], line 2\n  Cell In[2], line 3, in wait" in text
         assert "[ranks 0-1] Timeout: still running after 2 s" in text, text
         status, text, _ = run(client, "%%mpi\nimport ctypes\nif rank == 1:\n    ctypes.string_at(0)\n"
                                       "comm.Barrier()")  # In[4]
         assert status == "error" and "ipykernel_" not in text, text
-        assert "Where it crashed (most recent call last):\n  Cell In[4], line 3\n" in text, text
+        assert "Where it crashed (most recent call last):\n  Cell In[4], line 4\n" in text, text
         assert run(client, "%mpi stop")[0] == "ok"
     assert not leftover_ranks(tag)

@@ -39,8 +39,8 @@ def test_timeout_shows_where_each_rank_is_and_keeps_a_world_stuck_in_mpi(ip, mag
     error = failed(lambda: mpi(DEADLOCK, line="--timeout 2"))
     assert isinstance(error, RankError)
     text = str(error)
-    assert "rank 0: Timeout: still running after 2 s, blocked in comm.recv(source=1) at cell line 3" in text
-    assert "rank 1: Timeout: still running after 2 s, blocked in comm.recv(source=0) at cell line 5" in text
+    assert "rank 0: Timeout: still running after 2 s, blocked in comm.recv(source=1) at cell line 4" in text
+    assert "rank 1: Timeout: still running after 2 s, blocked in comm.recv(source=0) at cell line 6" in text
     assert "; rank 2 finished it" in text
     assert "ranks 0-1 left recv on COMM_WORLD" in text and "every rank's variables are kept" in text
     assert "restarted" not in text and not magics.last.stuck
@@ -69,7 +69,7 @@ def test_timeout_on_python_code_interrupts_without_a_restart(world_of, mpi):
     mpi("kept = 42")
     error = failed(lambda: mpi("import time\ntime.sleep(60 if rank == 1 else 0)", line="--timeout 1"))
     assert "rank 1: Timeout: still running after 1 s, blocked in time.sleep(60 if rank == 1 else 0) at cell " \
-           "line 2" in str(error)
+           "line 3" in str(error)
     assert "restarted" not in str(error)
     assert mpi("kept") == {0: 42, 1: 42} and world.running  # nothing was lost
 
@@ -80,7 +80,7 @@ def test_a_rank_failing_before_a_collective_ends_the_cell_promptly(world_of, mpi
                                        "comm.allreduce(rank)"))
     lines = str(error).splitlines()
     assert lines[1] == "rank 1: ValueError: bad input on rank 1"  # the real exception first
-    assert "Aborted: stopped after rank 1 failed, blocked in comm.allreduce(rank) at cell line 3" in lines[2]
+    assert "Aborted: stopped after rank 1 failed, blocked in comm.allreduce(rank) at cell line 4" in lines[2]
     assert mpi("rank + 1") == {0: 1, 1: 2, 2: 3}
 
 
@@ -110,9 +110,9 @@ def test_a_crashed_rank_is_named_with_how_it_died(crash, how, ip, world_of, mpi)
     if "os._exit" in crash:
         assert "its last stderr lines:\nlast words" in text
     if "ctypes" in crash:  # faulthandler's dump before the signal ended the rank says where it crashed
-        assert re.search(r"signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), called at cell line 5: "
+        assert re.search(r"signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), called at cell line 6: "
                          r"ctypes\.string_at\(0\)", text)
-        assert re.search(r"\n  Cell In\[\d+\], line 5\n", error.failures[2]["traceback"][0])  # as IPython names it
+        assert re.search(r"\n  Cell In\[\d+\], line 6\n", error.failures[2]["traceback"][0])  # as IPython names it
     with pytest.raises(MPIError, match="died while no cell ran .*, so the world cannot run cells: %mpi restart"):
         mpi("size")
     ip.run_line_magic("mpi", "restart")
@@ -157,7 +157,7 @@ def test_stop_button_interrupts_python_on_every_rank(world_of, mpi, capsys):
     error = failed(lambda: mpi("import time\nwhile True:\n    time.sleep(0.05)"))
     assert isinstance(error, KeyboardInterrupt)
     shown = "\n".join(error._render_traceback_())  # what the notebook shows: the ranks' frames, none of mpinb's
-    assert "ranks 0-1: KeyboardInterrupt: interrupted, blocked in time.sleep(0.05) at cell line 3" in str(error)
+    assert "ranks 0-1: KeyboardInterrupt: interrupted, blocked in time.sleep(0.05) at cell line 4" in str(error)
     assert "KeyboardInterrupt: cell interrupted on every rank it ran on (ranks 0-1)" in shown
     assert "time.sleep(0.05)" in shown and not INTERNAL.search(shown)
     assert mpi("kept") == {0: 7, 1: 7}
@@ -171,7 +171,7 @@ def test_stop_button_on_ranks_stuck_in_mpi_keeps_the_world(world_of, mpi, magics
     error = failed(lambda: mpi(DEADLOCK))
     assert isinstance(error, KeyboardInterrupt)
     shown = "\n".join(error._render_traceback_())
-    assert "blocked in comm.recv(source=1) at cell line 3" in shown
+    assert "blocked in comm.recv(source=1) at cell line 4" in shown
     assert "ranks 0-1 left recv on COMM_WORLD" in shown and "every rank's variables are kept" in shown
     assert not INTERNAL.search(shown)
     assert all(process.is_running() for process in old)

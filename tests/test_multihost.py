@@ -151,7 +151,7 @@ def test_a_timeout_interrupts_the_ranks_on_other_hosts_and_keeps_the_world(hosts
     name, text = stopped["raised"]
     assert name == "RankError", text
     # their stacks come through the cell channel (the ranks' stack files are on their hosts)
-    assert "ranks 0-3: Timeout: still running after 3 s, blocked in time.sleep(100) at cell line 2" in text, text
+    assert "ranks 0-3: Timeout: still running after 3 s, blocked in time.sleep(100) at cell line 3" in text, text
     assert after["raised"] is None and after["value"] == {"0": "0", "1": "10", "2": "20", "3": "30"}, after
 
 
@@ -203,11 +203,11 @@ def test_the_stop_button_interrupts_ranks_on_other_hosts_in_python_and_in_mpi_an
     start, _, in_python, in_mpi, after = json.loads(lines[-1].removeprefix("RESULT "))["steps"]
     assert start["raised"] is None, start
     name, text = in_python["raised"]
-    assert name == "Interrupted" and "time.sleep(0.05) at cell line 5" in text, in_python  # a KeyboardInterrupt
+    assert name == "Interrupted" and "time.sleep(0.05) at cell line 6" in text, in_python  # a KeyboardInterrupt
     assert "ranks 0-3: KeyboardInterrupt: interrupted" in text, text
     name, text = in_mpi["raised"]
     assert name == "Interrupted", in_mpi
-    assert "blocked in comm.recv(source=2) at cell line 2" in text and "comm.recv(source=0)" in text, text
+    assert "blocked in comm.recv(source=2) at cell line 3" in text and "comm.recv(source=0)" in text, text
     assert after["raised"] is None and after["value"] == {str(r): "60" for r in range(4)}, after
     for i in range(hosts.n):
         assert hosts.pids_on(i) == [], f"processes left on {hosts.names[i]}"

@@ -264,13 +264,13 @@ def test_04_debugging():
     assert "every rank saw the same batches: True" in cell['same_losses("same data"))']
     assert "every rank saw the same batches: False" in cell['same_losses("sampler"))']
     deadlock = cell["%%mpi --timeout 3"]
-    assert "ranks 0-1: Timeout: still running after 3 s, blocked in theirs = comm.recv(source=other) at cell line 2" \
+    assert "ranks 0-1: Timeout: still running after 3 s, blocked in theirs = comm.recv(source=other) at cell line 3" \
         in deadlock and "ranks 0-1 left recv on COMM_WORLD" in deadlock and "variables are kept" in deadlock
     assert "[rank 0] hello from 1 | still here: Sequential (2048, 16)" in cell["comm.sendrecv("]  # the world was kept
     assert "[rank 1] hello from 0" in cell["comm.sendrecv("]
     crash = cell["ctypes.string_at(0)"]
     assert re.search(r"rank 1: RankLost: rank 1 died: signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), "
-                     r"called at cell line 3: ctypes\.string_at\(0\)", crash)
+                     r"called at cell line 4: ctypes\.string_at\(0\)", crash)
     # the other rank is named either way: ended by mpiexec, or found still running (which comes first is a race)
     assert re.search(r"rank 0: RankLost: (rank 0 was ended by mpiexec after|still running when) rank 1 died", crash)
     assert cell["comm.allreduce(1)"] == "[rank 0] 2\n[rank 1] 2" and "stopped" in cell["%mpi stop"]
@@ -378,7 +378,7 @@ def test_07_debugging_ddp_names_each_bug():
     assert "[rank 0] 6 batches on rank 0" in cell("%%mpi -n 2") and "[rank 1] 5 batches on rank 1" in cell("%%mpi -n 2")
 
     uneven = cell("%%mpi\nfor x in batches:\n    step(x)")
-    assert "rank 0 in DDP all_reduce(5 x float32) at cell line 2" in uneven, uneven
+    assert "rank 0 in DDP all_reduce(5 x float32) at cell line 3" in uneven, uneven
     assert "rank 1 finished the cell without entering it" in uneven and "Likely uneven inputs" in uneven
     assert "model.join()" in uneven and "drop_last=True" in uneven
     assert "the world and every rank's variables are kept" in uneven and "Timed out" not in uneven
@@ -414,8 +414,8 @@ def test_07_debugging_ddp_names_each_bug():
         assert len(orders) == 3 and len(set(orders)) == 3  # each epoch its own order
 
     order = cell("else:                                            # the bug: the other order on rank 1")
-    assert "rank 0 in all_reduce(4 x float32) at cell line 3" in order, order
-    assert "rank 1 in broadcast(root=0, 4 x float32) at cell line 6" in order and "different order" in order
+    assert "rank 0 in all_reduce(4 x float32) at cell line 4" in order, order
+    assert "rank 1 in broadcast(root=0, 4 x float32) at cell line 7" in order and "different order" in order
     assert "started again with 2 new ranks" in order and "restored every rank's variables" in order, order
     assert cell("# the same calls in the same order").count("tensor([2., 2., 2., 2.])") == 2
 

@@ -140,7 +140,7 @@ def test_a_stop_in_a_reporting_loop_shows_where_in_the_cell_and_no_frame_of_mpin
         shown = clean(k.run("%%mpi\nimport mpinb\nfor step in range(10**7):\n    mpinb.report(step=step, loss=1.0)",
                             stops=(2.0,)))
         assert shown.status == "error" and "Where it was" in shown.text, shown.text
-        assert "blocked in mpinb.report(step=step, loss=1.0) at cell line 3" in shown.text  # the cell's call
+        assert "blocked in mpinb.report(step=step, loss=1.0) at cell line 4" in shown.text  # the cell's call
         assert k.run("%mpi stop").status == "ok"
     assert not leftover_ranks(tag)
 

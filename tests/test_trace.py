@@ -151,8 +151,8 @@ elif rank == 1:
     comm.Allreduce(np.zeros(4, 'f'), np.zeros(4, 'f'))
 else:
     comm.Bcast(np.zeros(4), root=0)
-""", ["rank 1 in Allreduce(4 x float32) at cell line 5",
-      "rank 3 is not in a collective (at cell line 3: time.sleep(60))"]),
+""", ["rank 1 in Allreduce(4 x float32) at cell line 6",
+      "rank 3 is not in a collective (at cell line 4: time.sleep(60))"]),
     "root": ("""import numpy as np
 comm.Bcast(np.zeros(4), root=0 if rank < 2 else 1)
 """, ["ranks 0-1 called Bcast(root=0, 4 x float64)", "ranks 2-3 called Bcast(root=1, 4 x float64)",
@@ -167,14 +167,14 @@ comm.Allreduce(np.zeros(4, t), np.zeros(4, t))
 """, ["rank 1 in Allreduce(4 x float32)", "in Allreduce(4 x float64)"]),
     "skipped, then the cell ends": ("""if rank != 2:
     comm.Barrier()
-""", ["ranks 0-1, 3 in Barrier() at cell line 2", "rank 2 finished the cell without entering it"]),
+""", ["ranks 0-1, 3 in Barrier() at cell line 3", "rank 2 finished the cell without entering it"]),
     "skipped, then the next one": ("""import numpy as np
 if rank != 2:
     comm.Bcast(np.zeros(4), root=0)
 comm.Allreduce(np.zeros(4), np.zeros(4))
-""", ["rank 2 in Allreduce(4 x float64) at cell line 4"]),
+""", ["rank 2 in Allreduce(4 x float64) at cell line 5"]),
     "pickle-based": ("x = comm.bcast(1, root=0) if rank != 3 else comm.allreduce(1)\n",
-                     ["rank 3 in allreduce() at cell line 1", "ranks 0-2 passed it as bcast(root=0)"]),
+                     ["rank 3 in allreduce() at cell line 2", "ranks 0-2 passed it as bcast(root=0)"]),
 }
 
 

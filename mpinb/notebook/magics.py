@@ -336,7 +336,7 @@ class MPIMagics(Magics):
                 raise UsageError(f"--ranks: {exc}") from None
         stream = self.stream if args.stream is None else args.stream
         result = self._run_deferred(cell, ranks=ranks, stream=stream, gather=args.gather, inspect=args.inspect,
-                          timeout=timeout, trace=args.trace)
+                                    timeout=timeout, trace=args.trace, below_magic=True)
         if result.values:
             return result.values
 

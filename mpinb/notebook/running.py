@@ -32,8 +32,13 @@ class CellRunner:
         """Let go of the last cell's result (and what its values hold)."""
         self.last = None
 
-    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0, trace=False):
+    def run(self, cell, *, ranks=None, stream=True, gather=None, inspect=True, timeout=0.0, trace=False,
+            below_magic=False):
         """Run *cell* on *ranks* of the current world; raise ``RankError`` if any rank failed.
+
+        *below_magic*: *cell* is the body of a ``%%mpi`` cell, whose line 1 is the magic's: the ranks run it a line
+        down, so that every line number anyone shows (tracebacks, pdb, mpinb's own messages, the debugger panel)
+        is the editor's.
 
         Each name in *gather* becomes a ``PerRank`` in the user namespace (the ranks that had it), shown in the
         tensor inspector when *inspect*; names missing or untransferable on some ranks raise ``GatherError``
@@ -49,10 +54,14 @@ class CellRunner:
         self.magics.history.begin_cell()
         # IPython's syntax turned into Python once here, not by every rank
         magics = self.magics
+        source = _transformed(magics.shell, cell)
+        if below_magic:  # after IPython's transform, which drops leading blank lines
+            unchanged, cell = source is cell, "\n" + cell
+            source = cell if unchanged else None if source is None else "\n" + source
         options = CellOptions(
             settings=AgentSettings(magics.report_interval, magics.collective_wait or None,
                                    magics.world.kept_state.last_complete),
-            source=_transformed(magics.shell, cell), trace=bool(trace),
+            source=source, trace=bool(trace),
             trace_buffer=magics.trace_buffer if trace else None,
             gather=GatherRequest(tuple(gather), self.transport(ranks), self._root(), bool(inspect)) if gather
             else None, debug=visual_debugger.setup())

@@ -147,8 +147,8 @@ class VisualDebugger:
         from ipykernel.compiler import get_file_name
 
         path = get_file_name(self.raw_cell)
-        lines = tuple(line - 1 for line in self.breakpoints.get(path, ()) if line > 1)
-        return DebugSetup(path, 1, lines, tuple(self.filters))
+        lines = tuple(line for line in self.breakpoints.get(path, ()) if line > 1)
+        return DebugSetup(path, 0, lines, tuple(self.filters))
 
     # the protocol, from the control thread
     async def process_request(self, message):

@@ -81,6 +81,18 @@ class RankPdb(pdb.Pdb):
         number = stacks.cell_numbers.get(filename)
         return text if number is None else text.replace(self.canonic(filename), f"Cell In[{number}]", 1)
 
+    def setup(self, f, tb):
+        """pdb's stack from the cell inwards: the engine's, ipyparallel's and mpinb's frames above the cell are not
+        the user's (``w`` starts at the cell; ``u`` stops there, ``*** Oldest frame``)."""
+        super().setup(f, tb)
+        user = stacks.current_cell_file
+        first = next((i for i, (frame, _) in enumerate(self.stack)
+                      if frame.f_code.co_filename in stacks.cell_numbers or frame.f_code.co_filename == user), 0)
+        if 0 < first <= self.curindex:
+            del self.stack[:first]
+            self.curindex -= first
+            self.curframe = self.stack[self.curindex][0]
+
     def cmdloop(self, intro=None):
         before = cmd.__dict__.get("input")
         cmd.input = remote_input  # cmd.Cmd reads its lines with input()

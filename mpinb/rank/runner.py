@@ -45,7 +45,9 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None):
         namespace = user_namespace(shell)
     try:
         if shell is not None:
-            source = shell.transform_cell(code) if source is None else source
+            if source is None:  # IPython's transform drops leading blank lines: the %%mpi line's stays
+                body = code.lstrip("\n")
+                source = code[:len(code) - len(body)] + shell.transform_cell(body)
             filename = shell.compile.cache(source, number, raw_code=code)
         else:
             source, filename = code, f"<mpi cell {number}>"

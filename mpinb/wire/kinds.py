@@ -53,13 +53,13 @@ class GatherRequest:
 class DebugSetup:
     """What a rank needs for the notebook's visual debugger (JupyterLab's panel) while this cell runs.
 
-    *path* is the file the kernel's debugger knows the cell as, whose line *offset* + 1 is the cell's first line
-    of code (the ``%%mpi`` line comes before it); *lines*: the breakpoints, as lines of the cell's code (1 is the
-    line after ``%%mpi``); *filters*: the panel's exception filters (``raised``, ``uncaught``,
+    *path* is the file the kernel's debugger knows the cell as, whose line *offset* + N is the rank's line N (0:
+    a rank runs a ``%%mpi`` cell a line down, its line 1 the magic's); *lines*: the breakpoints, as lines of the
+    cell as the editor numbers them; *filters*: the panel's exception filters (``raised``, ``uncaught``,
     ``userUnhandled``)."""
 
     path: str
-    offset: int = 1
+    offset: int = 0
     lines: tuple = ()
     filters: tuple = ()
 
