@@ -126,7 +126,7 @@ def line_parser():
     """``%mpi``'s parser: one subcommand per action."""
     parser = _Parser(prog="%mpi", description="Start, stop and inspect the MPI world.")
     commands = parser.add_subparsers(
-        dest="command", metavar="{start,stop,restart,status,run,output,metrics,grads,view,trace,who,debug,inject}")
+        dest="command", metavar="{start,stop,restart,status,run,output,metrics,grads,view,trace,who,stacks,debug,inject}")
     commands.required = True
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=count, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
@@ -172,6 +172,10 @@ def line_parser():
     commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
     commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
     commands.add_parser("who", help="every name on the ranks, with the names that differ between ranks flagged")
+    stacks = commands.add_parser("stacks", help="where each rank is: its main thread's Python and native frames "
+                                                "(py-spy), identical stacks merged")
+    stacks.add_argument("ranks", nargs="?", default="all", metavar="RANKS",
+                        help="the ranks, like 0, 0-3 or 1,3 (default: every rank)")
     debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here; --panel: in "
                                               "JupyterLab's debugger panel; --rank R: the rank the panel shows")
     debug.add_argument("rank", type=int, nargs="?", default=None, help="the rank whose last failed cell to debug")

@@ -36,6 +36,7 @@ class CellResult:
     trouble: str = None  # why mpinb stopped the cell: "timeout", "failure" (a rank failed), "interrupt"
     stacks: dict = field(default_factory=dict)  # rank -> RankStack captured when the cell was stopped
     stuck: list = field(default_factory=list)  # ranks that did not answer the interrupt
+    native: dict = field(default_factory=dict)  # rank -> NativeStack (py-spy's) of those that did not answer
     finished: list = field(default_factory=list)  # ranks that completed the cell without error
     first_failure: int = None
     first_death: int = None

@@ -9,7 +9,7 @@ from IPython.core.error import StdinNotImplementedError
 
 from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
-from . import stops, visual_debugger
+from . import native, stops, visual_debugger
 from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Kept, Metrics, Out, Reply, Settled,
                           TraceSpans, Waiting, Where)
 from .diagnose import capture_stacks
@@ -308,6 +308,9 @@ class InFlight:
 
     def _errors_and_values(self):
         result, timeout = self.result, self.settings.timeout
+        # where in C the ranks that did not answer are, read while they still are (py-spy, when it can be run)
+        result.native = native.for_unanswered(self.world, [rank for rank in self.ranks if rank not in self.replies
+                                                           and rank in result.stacks])
         for rank in self.ranks:
             reply = self.replies.get(rank)
             if reply is None:

@@ -188,6 +188,7 @@ class MPIMagics(Magics):
             %mpi view
             %mpi trace
             %mpi who
+            %mpi stacks [RANKS]
             %mpi debug R [--panel]
             %mpi debug --rank R
             %mpi inject [KIND --rank R [--at N] [--delay S] [--scale X] | clear]
@@ -206,10 +207,12 @@ class MPIMagics(Magics):
         the largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
         ``view`` makes the world's ipyparallel view (``mpinb.view()``) the one ``%px`` runs on.
         ``trace`` shows the timeline and summary of the last ``%%mpi --trace`` cell again (``mpinb.trace()``
-        gives it as a DataFrame). ``who`` lists every name on the ranks, flagging those that differ. ``debug R``
-        opens pdb in rank R's last failed cell, its prompt answered in the notebook; ``breakpoint()`` in a cell
-        opens the same prompt for the rank that reaches it. With JupyterLab's debugger switched on, breakpoints
-        clicked in a ``%%mpi`` cell stop the ranks, and the panel shows rank 0 (``debug --rank R``: rank R);
+        gives it as a DataFrame). ``who`` lists every name on the ranks, flagging those that differ. ``stacks``
+        shows where each rank is, its Python frames merged with its native ones (py-spy's, when installed: the
+        MPI call, gloo's allreduce, the lock it waits on), one line each naming the place. ``debug R`` opens pdb
+        in rank R's last failed cell, its prompt answered in the notebook; ``breakpoint()`` in a cell opens the
+        same prompt for the rank that reaches it. With JupyterLab's debugger switched on, breakpoints clicked in
+        a ``%%mpi`` cell stop the ranks, and the panel shows rank 0 (``debug --rank R``: rank R);
         ``debug R --panel`` shows rank R's last failed cell there. ``inject`` plants a fault on rank R for
         teaching, acted on at its collectives (``straggler``, ``kill``, ``stall``, ``nan``, ``perturb``;
         ``--at N``: its Nth collective from now); alone it lists them, ``clear`` removes them. ``run FILE

@@ -9,6 +9,7 @@ from ..errors import RankLost
 from ..wire.kinds import CellReply
 from ..wire.ranks import label_ranks
 from .diagnose import death_report, fatal_stack, last_stderr
+from .native import in_error
 
 
 RESTART = ("%mpi restart starts a fresh world of the same size, with every rank's variables as of the last cell "
@@ -53,7 +54,8 @@ def announce(result, pending, code, timeout, first_failure, replies, printer):
 
 
 def stopped(result, rank, code, timeout, grace, *, answered):
-    """The error of a rank mpinb stopped: why, where it was, and whether it answered the interrupt."""
+    """The error of a rank mpinb stopped: why, where it was, and whether it answered the interrupt; where it was
+    in native code too when it did not (``result.native``, read by py-spy)."""
     if result.trouble == "mismatch":  # the same for every rank: it names each rank's collective already
         return {"ename": "CollectiveMismatch", "evalue": result.mismatch, "traceback": []}
     stack = result.stacks.get(rank)
@@ -69,7 +71,8 @@ def stopped(result, rank, code, timeout, grace, *, answered):
         f"; did not answer the interrupt within {grace:g} s (stuck in C or MPI)"
     frames = ["Where it was (most recent call last):\n" + stack.text() + "\n"] if stack is not None and stack.frames \
         else []
-    return {"ename": ename, "evalue": f"{why}, {where}{tail}", "traceback": frames}
+    natively, below = ("", []) if answered else in_error(result.native.get(rank), stack, code)
+    return {"ename": ename, "evalue": f"{why}, {where}{tail}{natively}", "traceback": frames + below}
 
 
 def check_deaths(world, ranks, replies, result, code):

@@ -1,5 +1,5 @@
 """The ``%mpi`` commands that look at a running world without changing it: ``status``, ``output``, ``metrics``,
-``grads``, ``who``, ``trace``, ``view`` and ``debug``."""
+``grads``, ``who``, ``stacks``, ``trace``, ``view`` and ``debug``."""
 
 import re
 
@@ -43,6 +43,9 @@ class WorldCommands:
 
     def on_who(self, args):
         self.show_who()
+
+    def on_stacks(self, args):
+        self.show_stacks(args.ranks)
 
     def on_inject(self, args):
         self.inject(args.kind, rank=args.rank, at=args.at, delay=args.delay, scale=args.scale)
@@ -149,6 +152,20 @@ class WorldCommands:
             print(who_text(rows))
         return rows
 
+    def show_stacks(self, ranks="all"):
+        """Where each of *ranks* (``"0-3"``, ``"1,3"``; default every rank) is: its main thread's Python frames and
+        native ones (py-spy), identical stacks merged (``native/report.py``). Read from outside the ranks, so it
+        answers while a cell runs, for ranks stuck in C as well."""
+        from ..wire.ranks import parse_ranks
+        from .native import stacks
+
+        world = self._running_world()
+        try:
+            chosen = parse_ranks(ranks, world.size)
+        except ValueError as error:
+            raise UsageError(f"%mpi stacks: {error}") from None
+        print(stacks(world, chosen, _running_cell(self.magics.shell)))
+
     def debug(self, rank, *, panel=False):
         """pdb in *rank*'s last failed cell, its prompt answered here (``p x``, ``up``, ``l``, ``q``); with *panel*,
         its frames in JupyterLab's debugger panel until Continue there. The other ranks are left as they are."""
@@ -215,3 +232,10 @@ class WorldCommands:
             return
         view = "widgets" if in_notebook(self.magics.shell) else "text"
         LiveMetrics(self.magics.history, view=view, max_points=self.magics.max_points, runs=runs).finish()
+
+
+def _running_cell(shell):
+    """The text of the last ``%%mpi`` cell the user ran (the one running, when ``%mpi stacks`` is asked while it
+    runs), whose line N is the editor's line N; ``""`` when there is none."""
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None) or []
+    return next((cell for cell in reversed(history) if cell.lstrip().startswith("%%mpi")), "")

@@ -22,13 +22,24 @@ import threading
 import time
 
 from ..wire import files
+from ..wire.rank_files import TRACER_ENV
+
+
+PR_SET_PTRACER = 0x59616D61  # Yama's: which process (and its descendants) may ptrace this one
 
 
 def _die_with_parent():
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        # under Yama's ptrace_scope 1 only a process's ancestors may read its stack: the notebook's kernel is one,
+        # but py-spy, which it starts to read the engine's native frames (%mpi stacks), is not; named here, the
+        # kernel and what it starts may (without Yama this fails, and nothing needs it)
+        tracer = os.environ.get(TRACER_ENV, "")
+        if tracer.isdigit():
+            libc.prctl(PR_SET_PTRACER, int(tracer), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the engine may outlive a killed parent
         pass
 

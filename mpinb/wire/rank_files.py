@@ -8,6 +8,9 @@ import os
 import signal
 
 STACK_SIGNAL = signal.SIGUSR2  # a rank dumps every thread's stack to its stack file on it
+# in the ranks' environment: the pid of the kernel, which the rank's launcher lets ptrace it (and py-spy, the kernel's
+# child, read its native stack) where Linux's Yama allows only ancestors (``rank/launch.py``, ``notebook/native/``)
+TRACER_ENV = "MPINB_TRACER"
 
 
 def stack_path(pid, directory):

@@ -1,0 +1,73 @@
+"""What ``%mpi stacks`` prints, and what a rank that did not answer the interrupt adds to its error: both read
+the same captures (``py_spy.capture``, or ``diagnose.capture_stacks`` where it cannot be run) and say them with ``places``."""
+
+from ...wire.ranks import label_ranks
+from ..diagnose import capture_stacks, parse
+from . import places, py_spy
+
+
+def stacks(world, ranks, code=""):
+    """``%mpi stacks``: for every rank of *ranks*, a one-line summary of where it is and its main thread's frames,
+    Python and native merged; ranks whose stacks read the same are shown once under one label. *code* is the
+    running cell's source (its lines are quoted). Python frames only (faulthandler's), after one line saying why,
+    where py-spy cannot be run."""
+    native, note = py_spy.capture(world, ranks)
+    # the file each rank's cell was compiled as, from its stack file's notes: py-spy's frames say the rest
+    python = {rank: _cell_of(world, rank) for rank, stack in native.items() if stack.frames}
+    others = [rank for rank in ranks if rank not in python]
+    python.update(capture_stacks(world, others) if others else {})
+    groups = {}  # text -> ranks
+    for rank in ranks:
+        stack, own = python.get(rank), native.get(rank)
+        if own is not None and own.frames:
+            head = places.summary(own, stack, code)
+            body = places.merged(own, stack)
+        else:
+            head = stack.where(code, verb="in") if stack is not None else "position unknown"
+            if own is not None and own.note:
+                head += f" ({own.note})"
+            body = stack.text() if stack is not None and stack.frames else ""
+        groups.setdefault((head, body), []).append(rank)
+    lines = [f"[mpinb] {note}"] if note else []
+    for (head, body), members in groups.items():
+        verb = "is" if len(members) == 1 else "are"
+        lines.append(f"{label_ranks(members)} {verb} {head}" + (":" if body else ""))
+        if body:
+            lines.append(body)
+    return "\n".join(lines)
+
+
+def _cell_of(world, rank):
+    """The :class:`~mpinb.notebook.diagnose.RankStack` (no frames) that names the file *rank*'s running cell was
+    compiled as, read from the notes at the head of its stack file (``rank/stacks.py``)."""
+    path = world.stack_files.get(rank)
+    try:
+        with open(path, errors="replace") as file:
+            text = file.read()
+    except (OSError, TypeError):
+        return None
+    return parse(text, len(text), rank)
+
+
+def for_unanswered(world, ranks):
+    """``{rank: NativeStack}`` of *ranks* that did not answer the interrupt (empty where py-spy cannot be run):
+    read before the world is ended or restarted, while they are still where they were stuck."""
+    if not ranks:
+        return {}
+    native, _ = py_spy.capture(world, ranks)
+    return {rank: stack for rank, stack in native.items() if stack.frames}
+
+
+def in_error(native, python, code):
+    """``(what the error's message adds, what its traceback adds)`` for a rank that did not answer: ``"; natively
+    in MPI_Barrier (libmpi.so.12)"`` and its innermost native frames, or nothing without them."""
+    if native is None or not native.frames:
+        return "", []
+    spot = places.place(native)
+    if spot is None:
+        return "", []
+    by = places.caller(native)
+    said = f"; natively {spot}" + (f", called from {by}" if by else "")
+    frames = places.folded(native)
+    return said, [f"Where it was in native code (its innermost frames, most recent call last):\n{frames}\n"] \
+        if frames else []

@@ -1,0 +1,155 @@
+"""Native stacks on real worlds (py-spy): ``%mpi stacks`` names the MPI call or the C call a rank is in, at its cell
+line; without py-spy it says how to get it and shows the Python frames; a rank that does not answer Stop is
+reported with where it is in C."""
+
+import _thread
+import re
+import threading
+import time
+
+import pytest
+
+from mpinb.notebook.native import py_spy
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
+
+# rank 0 waits in a barrier until rank 1, which waits for the test's file in Python, joins it
+BARRIER = """\
+import os, time
+while rank == 1 and not os.path.exists({release!r}):
+    time.sleep(0.05)
+comm.Barrier()
+"""
+
+# rank 1 waits on a locked mutex in C, holding the GIL (ctypes.PyDLL), for 20 s: no interrupt or signal ends it
+LOCK = """\
+import ctypes, time
+class timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+libc, mutex = ctypes.PyDLL(None), ctypes.create_string_buffer(64)
+libc.pthread_mutex_lock(mutex)
+if rank == 1:
+    libc.pthread_mutex_timedlock(mutex, ctypes.byref(timespec(int(time.time()) + 20, 0)))
+comm.Barrier()
+"""
+
+needs_py_spy = pytest.mark.skipif(py_spy.py_spy() is None, reason="py-spy is not installed (make test installs it)")
+
+
+def stacks_until(ip, capsys, line, seen, *, then=None, timeout=60):
+    """``%mpi <line>`` asked from a thread while the test's cell runs, until its output shows *seen* (or *timeout*
+    s pass); *then* is called after, either way. Returns a list that holds the last output once the thread ends."""
+    shown = []
+
+    def ask():
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                ip.run_line_magic("mpi", line)
+                shown[:] = [capsys.readouterr().out]
+                if seen in shown[0]:
+                    return
+                time.sleep(0.2)
+        finally:
+            if then is not None:
+                then()
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    return shown, thread
+
+
+@needs_py_spy
+def test_a_rank_in_a_barrier_shows_mpi_in_its_native_frames_and_its_cell_line(ip, world_of, mpi, capsys, tmp_path):
+    world_of(2)
+    release = tmp_path / "release"
+    capsys.readouterr()
+    shown, thread = stacks_until(ip, capsys, "stacks", "rank 0 is in MPI_", then=release.touch)
+    mpi(BARRIER.format(release=str(release)), line="--timeout 120")
+    thread.join(timeout=60)
+    out = shown[0]
+    assert re.search(r"^rank 0 is in MPI_Barrier \(libmpi[\w.]*\), called at cell line 5:$", out, re.M), out
+    frames = out.split("rank 0 is in", 1)[1]
+    # Python and native frames merged, from the cell inwards: the cell's line, mpi4py's Barrier, then MPI's
+    assert re.search(r'line 5.*\n  Barrier \(MPI\.[\w.-]+\.so\)\n  PMPI_Barrier \(libmpi[\w.]*\)\n', frames), out
+    assert "rank 1 is" in out  # and the other rank, on a line of its own
+
+
+@needs_py_spy
+def test_stacks_of_some_ranks_only(ip, world_of, mpi, capsys, tmp_path):
+    world_of(3)
+    release = tmp_path / "release"
+    capsys.readouterr()
+    shown, thread = stacks_until(ip, capsys, "stacks 0,2", "ranks 0, 2 are in MPI_", then=release.touch)
+    mpi(BARRIER.format(release=str(release)), line="--timeout 120")
+    thread.join(timeout=60)
+    # identical stacks merged under one label; rank 1 not asked for
+    assert re.search(r"^ranks 0, 2 are in MPI_Barrier \(libmpi[\w.]*\), called at cell line 5:$", shown[0], re.M), \
+        shown[0]
+    assert "rank 1" not in shown[0]
+
+
+def test_stacks_with_no_py_spy_say_how_to_install_it_and_show_the_python_frames(ip, world_of, mpi, capsys, tmp_path,
+                                                                                monkeypatch):
+    world_of(2)
+    monkeypatch.setenv(py_spy.PY_SPY, str(tmp_path / "no-py-spy-here"))
+    release = tmp_path / "release"
+    capsys.readouterr()
+    shown, thread = stacks_until(ip, capsys, "stacks", "rank 0 is at cell line 5", then=release.touch)
+    mpi(BARRIER.format(release=str(release)), line="--timeout 120")
+    thread.join(timeout=60)
+    out = shown[0]
+    first, *rest = out.splitlines()
+    assert first.startswith("[mpinb] no native frames") and "pip install py-spy" in first, out
+    assert str(tmp_path / "no-py-spy-here") in first, out
+    assert re.search(r"^rank 0 is at cell line 5:\n  Cell In\[\d+\], line 5$", out, re.M), out  # faulthandler's
+    assert "libmpi" not in out
+
+
+@needs_py_spy
+def test_a_rank_in_c_holding_the_gil_is_named_and_its_stop_report_says_where_in_c(ip, magics, world_of, mpi, capsys,
+                                                                                 monkeypatch):
+    world_of(2)
+    monkeypatch.setattr(magics, "interrupt_grace", 1.0)
+    capsys.readouterr()
+    # %mpi stacks reads rank 1 while it holds the GIL (its own threads cannot answer), then Stop is pressed
+    shown, thread = stacks_until(ip, capsys, "stacks 1", "called from ctypes", then=_thread.interrupt_main)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        mpi(LOCK, line="--timeout 120")
+    thread.join(timeout=60)
+    assert re.search(r"^rank 1 is in libc \(libc\.so\.6\), called from ctypes at cell line 8:$", shown[0], re.M), \
+        shown[0]
+    assert "  ffi_call (libffi" in shown[0], shown[0]
+    error = raised.value
+    text = str(error)
+    # neither answered the interrupt; each one's report says where it is in C, its innermost native frames below
+    assert re.search(r"rank 1: KeyboardInterrupt: interrupted, blocked in libc\.pthread_mutex_timedlock\(.*\) at cell "
+                     r"line 8; did not answer the interrupt within 1 s \(stuck in C or MPI\); natively in libc "
+                     r"\(libc\.so\.6\), called from ctypes", text), text
+    assert re.search(r"rank 0: KeyboardInterrupt: .*; natively in MPI_Barrier \(libmpi[\w.]*\)", text), text
+    shown = "\n".join(error._render_traceback_())
+    assert "Where it was in native code (its innermost frames, most recent call last):" in shown, shown
+    assert "  PMPI_Barrier (libmpi" in shown and "  ffi_call (libffi" in shown, shown
+    assert mpi("rank") == {0: 0, 1: 1}  # the world mpinb started again in their place
+
+
+def test_the_tables_name_a_ddp_backward_waiting_for_gloo_and_a_gloo_allreduce():
+    """What py-spy read of a rank whose DDP backward waits for a peer (the frames of a real dump, innermost
+    first), and of one inside gloo's allreduce: the one-line summaries the tables make of them."""
+    from mpinb.notebook.native import NativeStack
+    from mpinb.notebook.native.places import summary
+
+    graph = "/env/lib/python3.11/site-packages/torch/autograd/graph.py"
+    ddp = [("0x7f660f0a3f16", "/usr/lib/libc.so.6", 0, "libc.so.6"), ("pthread_cond_wait", "", 0, "libc.so.6"),
+           ("std::condition_variable::wait", "", 0, "libstdc++.so.6.0.30"),
+           ("c10d::Reducer::finalize_backward", "", 0, "libtorch_cpu.so"),
+           ("torch::autograd::Engine::execute", "", 0, "libtorch_cpu.so"),
+           ("THPEngine_run_backward", "", 0, "libtorch_python.so"), ("_engine_run_backward", graph, 979, None)]
+    assert summary(NativeStack(0, ddp), who="rank 0") == \
+        "rank 0 is waiting on a lock in pthread_cond_wait (libc.so.6), called from DDP's backward"
+    gloo = [("0x7f1", "", 0, "libc.so.6"), ("gloo::transport::tcp::UnboundBuffer::waitRecv", "", 0, "libtorch_cpu.so"),
+            ("void gloo::allreduce(gloo::AllreduceOptions&)", "", 0, "libtorch_cpu.so"),
+            ("c10d::ProcessGroupGloo::AsyncAllreduceWork::run", "", 0, "libtorch_cpu.so"),
+            ("c10d::Reducer::finalize_backward", "", 0, "libtorch_cpu.so"), ("_engine_run_backward", graph, 979, None)]
+    assert summary(NativeStack(1, gloo), who="rank 1") == \
+        "rank 1 is in gloo's allreduce (libtorch_cpu.so), called from DDP's backward"
