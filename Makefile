@@ -122,6 +122,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/scale.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/profile.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/busy.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/native_stacks.py --markdown benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache

@@ -15,8 +15,10 @@ main thread holds the GIL; they are said to be on that host, with their Python f
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -93,13 +95,13 @@ def refusal(pid):
 
 
 def capture(world, ranks, *, timeout=TIMEOUT):
-    """``({rank: NativeStack}, note)`` for *ranks* of *world*: every rank on this host read by a py-spy of its own,
-    all at once. *note* is the one line said when none could be read (no py-spy, no permission), else ``""``;
+    """``({rank: NativeStack}, note)`` for *ranks* of *world*: every rank on this host read by a py-spy of its own
+    (:func:`read`). *note* is the one line said when none could be read (no py-spy, no permission), else ``""``;
     a rank on another host, or one py-spy could not read, has a :attr:`NativeStack.note` instead of frames."""
     tool = py_spy()
     if tool is None:
         return {}, missing()
-    stacks, running = {}, {}
+    stacks, pids = {}, {}
     for rank in ranks:
         who = world.identities.get(rank, {})
         if world.is_remote(rank):
@@ -109,20 +111,70 @@ def capture(world, ranks, *, timeout=TIMEOUT):
         why = refusal(who["pid"])
         if why:
             return {}, why
-        running[rank] = subprocess.Popen([tool, "dump", "--native", "--json", "--pid", str(who["pid"])],
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout
-    for rank, process in running.items():
-        try:
-            out, err = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            process.kill()  # the py-spy started here; the rank it paused resumes when it goes
-            process.communicate()
-            stacks[rank] = NativeStack(rank, note=f"py-spy did not answer within {timeout:g} s")
-            continue
-        stacks[rank] = _parse(rank, world.identities[rank]["pid"], out, err, process.returncode)
+        pids[rank] = who["pid"]
+    dumps = read(tool, list(pids.values()), timeout=timeout)
+    for rank, pid in pids.items():
+        stacks[rank] = _parse(rank, pid, *dumps[pid]) if pid in dumps else \
+            NativeStack(rank, note=f"py-spy did not answer within {timeout:g} s")
     refused = [stack.note for stack in stacks.values() if stack.note.startswith("no native frames")]
-    return stacks, refused[0] if refused and len(refused) == len(running) else ""
+    return stacks, refused[0] if refused and len(refused) == len(pids) else ""
+
+
+def read(tool, pids, *, timeout=TIMEOUT):
+    """``{pid: (stdout, stderr, exit code)}`` of ``py-spy dump --native --json`` on each of *pids*, as many at once
+    as there are cores. Ranks waiting in MPI spin (MPICH polls): eight of them on two cores leave a py-spy a
+    tenth of a core, so the ranks not being read are stopped (``SIGSTOP``) meanwhile, and every rank stopped
+    here is continued before this returns. A py-spy still running after *timeout* s is killed, its pid left out."""
+    held = _stop([pid for pid in pids])
+    width, pending, running, done = max(os.cpu_count() or 1, 1), list(pids), {}, {}
+    deadline = time.monotonic() + timeout
+    try:
+        while (pending or running) and time.monotonic() < deadline:
+            while pending and len(running) < width:
+                pid = pending.pop(0)
+                _signal(pid, signal.SIGCONT) if pid in held else None
+                out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+                running[pid] = (subprocess.Popen([tool, "dump", "--native", "--json", "--pid", str(pid)], stdout=out,
+                                                 stderr=err, stdin=subprocess.DEVNULL), out, err)
+            for pid, (process, out, err) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[pid]
+                _signal(pid, signal.SIGSTOP) if pid in held else None
+                out.seek(0), err.seek(0)
+                done[pid] = (out.read(), err.read(), process.returncode)
+                out.close(), err.close()
+            time.sleep(0.005)
+    finally:
+        for process, out, err in running.values():  # the py-spys started here; a rank one paused resumes
+            process.kill()
+            process.wait()
+            out.close(), err.close()
+        for pid in held:
+            _signal(pid, signal.SIGCONT)
+    return done
+
+
+def _stop(pids):
+    """Stop those of *pids* that run (not stopped already, by a debugger or a user): the ones to continue after."""
+    held = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                state = stat.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"T", b"t", b"Z", b"X") and _signal(pid, signal.SIGSTOP):
+            held.append(pid)
+    return held
+
+
+def _signal(pid, number):
+    try:
+        os.kill(pid, number)
+        return True
+    except OSError:
+        return False
 
 
 def _parse(rank, pid, out, err, code):
