@@ -7,9 +7,9 @@ is optional (``pip install py-spy``): without it, or where the kernel may not pt
 and the Python frames are shown as before. ``$MPINB_PY_SPY`` names the py-spy to run (a path; one that is not an
 executable file means none).
 
-The ranks on this host are read, every py-spy running at once. Ranks on other hosts are out of reach: the
-notebook cannot ptrace a process there, and the rank's own roll-call thread cannot run py-spy while the rank's
-main thread holds the GIL; they are said to be on that host, with their Python frames.
+The ranks on this host are read, as many py-spys at once as there are cores. Ranks on other hosts are out of
+reach: the notebook cannot ptrace a process there, and the rank's own roll-call thread cannot run py-spy while
+the rank's main thread holds the GIL; they are said to be on that host, with their Python frames.
 """
 
 import json
@@ -125,14 +125,15 @@ def read(tool, pids, *, timeout=TIMEOUT):
     as there are cores. Ranks waiting in MPI spin (MPICH polls): eight of them on two cores leave a py-spy a
     tenth of a core, so the ranks not being read are stopped (``SIGSTOP``) meanwhile, and every rank stopped
     here is continued before this returns. A py-spy still running after *timeout* s is killed, its pid left out."""
-    held = _stop([pid for pid in pids])
+    held = _stop(pids)
     width, pending, running, done = max(os.cpu_count() or 1, 1), list(pids), {}, {}
     deadline = time.monotonic() + timeout
     try:
         while (pending or running) and time.monotonic() < deadline:
             while pending and len(running) < width:
                 pid = pending.pop(0)
-                _signal(pid, signal.SIGCONT) if pid in held else None
+                if pid in held:
+                    _signal(pid, signal.SIGCONT)
                 out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
                 running[pid] = (subprocess.Popen([tool, "dump", "--native", "--json", "--pid", str(pid)], stdout=out,
                                                  stderr=err, stdin=subprocess.DEVNULL), out, err)
@@ -140,16 +141,20 @@ def read(tool, pids, *, timeout=TIMEOUT):
                 if process.poll() is None:
                     continue
                 del running[pid]
-                _signal(pid, signal.SIGSTOP) if pid in held else None
-                out.seek(0), err.seek(0)
+                if pid in held:
+                    _signal(pid, signal.SIGSTOP)
+                out.seek(0)
+                err.seek(0)
                 done[pid] = (out.read(), err.read(), process.returncode)
-                out.close(), err.close()
+                out.close()
+                err.close()
             time.sleep(0.005)
     finally:
         for process, out, err in running.values():  # the py-spys started here; a rank one paused resumes
             process.kill()
             process.wait()
-            out.close(), err.close()
+            out.close()
+            err.close()
         for pid in held:
             _signal(pid, signal.SIGCONT)
     return done

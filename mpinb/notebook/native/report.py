@@ -1,5 +1,6 @@
 """What ``%mpi stacks`` prints, and what a rank that did not answer the interrupt adds to its error: both read
-the same captures (``py_spy.capture``, or ``diagnose.capture_stacks`` where it cannot be run) and say them with ``places``."""
+the same captures (``py_spy.capture``, or ``diagnose.capture_stacks`` where it cannot be run) and say them with
+``places``."""
 
 from ...wire.ranks import label_ranks
 from ..diagnose import capture_stacks, parse
