@@ -33,7 +33,12 @@ if rank == 1:
 comm.Barrier()
 """
 
-needs_py_spy = pytest.mark.skipif(py_spy.py_spy() is None, reason="py-spy is not installed (make test installs it)")
+
+
+@pytest.fixture
+def needs_py_spy():
+    """py-spy, which ``make test`` installs (the dev extra): missing, the tests that read native frames fail."""
+    assert py_spy.py_spy() is not None, "py-spy is not installed: pip install -e '.[dev]' (make test does)"
 
 
 def stacks_until(ip, capsys, line, seen, *, then=None, timeout=60):
@@ -59,7 +64,7 @@ def stacks_until(ip, capsys, line, seen, *, then=None, timeout=60):
     return shown, thread
 
 
-@needs_py_spy
+@pytest.mark.usefixtures("needs_py_spy")
 def test_a_rank_in_a_barrier_shows_mpi_in_its_native_frames_and_its_cell_line(ip, world_of, mpi, capsys, tmp_path):
     world_of(2)
     release = tmp_path / "release"
@@ -73,9 +78,11 @@ def test_a_rank_in_a_barrier_shows_mpi_in_its_native_frames_and_its_cell_line(ip
     # Python and native frames merged, from the cell inwards: the cell's line, mpi4py's Barrier, then MPI's
     assert re.search(r'line 5.*\n  Barrier \(MPI\.[\w.-]+\.so\)\n  PMPI_Barrier \(libmpi[\w.]*\)\n', frames), out
     assert "rank 1 is" in out  # and the other rank, on a line of its own
+    ip.run_line_magic("mpi", "stacks")  # between cells
+    assert capsys.readouterr().out == "ranks 0-1 are waiting for the next cell\n"
 
 
-@needs_py_spy
+@pytest.mark.usefixtures("needs_py_spy")
 def test_stacks_of_some_ranks_only(ip, world_of, mpi, capsys, tmp_path):
     world_of(3)
     release = tmp_path / "release"
@@ -106,7 +113,7 @@ def test_stacks_with_no_py_spy_say_how_to_install_it_and_show_the_python_frames(
     assert "libmpi" not in out
 
 
-@needs_py_spy
+@pytest.mark.usefixtures("needs_py_spy")
 def test_a_rank_in_c_holding_the_gil_is_named_and_its_stop_report_says_where_in_c(ip, magics, world_of, mpi, capsys,
                                                                                  monkeypatch):
     world_of(2)

@@ -45,6 +45,9 @@ CALLERS = (
     (re.compile(r"^(ffi_call|_ctypes_callproc)$"), "ctypes"),
 )
 
+# the innermost Python frame of a rank between cells: ipyparallel's event loop waiting for the next message
+IDLE = re.compile(r"/selectors\.py$|/asyncio/base_events\.py$|/tornado/")
+
 FOLD = 8  # native frames a report of a rank that did not answer shows, innermost
 _ADDRESS = re.compile(r"^0x[0-9a-f]+$")
 _MPINB = re.compile(r"/mpinb/(rank|wire|notebook|widgets)/")
@@ -89,9 +92,19 @@ def caller(native):
     return None
 
 
+def idle(native, python=None):
+    """Whether the rank waits for the next cell: no frame of a cell, and ipyparallel's event loop innermost."""
+    frames = native.python
+    cells = {getattr(python, "cell_file", "") or None, *getattr(python, "cells", {})}
+    return bool(frames) and not any(file in cells for file, _, _ in frames) and bool(IDLE.search(frames[0][0]))
+
+
 def summary(native, python=None, code="", *, who=None):
     """``rank 0 is in gloo's allreduce (libtorch_cpu.so), called from DDP's backward at cell line 8`` (with *who*
     ``None``, without its first words: ``in gloo's allreduce ...``)."""
+    if idle(native, python):
+        sentence = "waiting for the next cell"
+        return f"{who} is {sentence}" if who else sentence
     stack = python_stack(native, python)
     where, text = stack.line(code)
     spot = place(native)
@@ -117,7 +130,10 @@ def folded(native, limit=FOLD):
 
 def merged(native, python=None):
     """The whole main-thread stack, Python and native frames in order, from the cell inwards (outermost first),
-    mpinb's own Python frames left out and runs of unnamed native frames folded into one line."""
+    mpinb's own Python frames left out and runs of unnamed native frames folded into one line; nothing for a rank
+    that waits for the next cell."""
+    if idle(native, python):
+        return ""
     frames = [frame for frame in native.frames if frame[3] is not None or not _MPINB.search(frame[1])]
     cell = getattr(python, "cell_file", "") or None
     cells = getattr(python, "cells", {})
@@ -151,8 +167,8 @@ def _lines(frames, cells=None):
         end = index
         while end < len(frames) and frames[end][3] == library and _ADDRESS.match(frames[end][0]):
             end += 1
-        if end - index > 1:
-            lines.append(f"  ... {end - index} frames in {library}")
+        if end > index:  # their addresses differ from process to process: ranks alike read the same
+            lines.append(f"  ... {end - index} frame{'s' if end - index > 1 else ''} in {library}")
             index = end
             continue
         where = f" {os.path.basename(file)}:{line}" if line and file else ""
