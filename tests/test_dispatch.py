@@ -140,7 +140,7 @@ def test_a_cell_transformed_in_the_notebook_runs_with_each_ranks_own_shell_and_s
     with pytest.raises(RankError) as raised:
         mpi("%time y = rank\n1 / (rank - y)")
     text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(raised.value._render_traceback_()))
-    assert "ZeroDivisionError" in text and "----> 2 1 / (rank - y)" in text  # the line, as IPython shows it
+    assert "ZeroDivisionError" in text and "----> 3 1 / (rank - y)" in text  # the line, as IPython shows it
 
 
 def test_unpicklable_values_come_back_as_their_repr(world_of, mpi):

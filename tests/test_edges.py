@@ -293,7 +293,7 @@ def test_exit_on_a_rank_says_why_it_cannot_and_the_world_goes_on(world_of, mpi):
             mpi(f"if rank == 1:\n    {call}\n'went on'")
         assert f"rank 1: RuntimeError: {call} is not for a notebook's world" in str(info.value), str(info.value)
         shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(info.value._render_traceback_()))
-        assert f"----> 2     {call}" in shown and "mpinb/rank" not in shown, shown  # the cell's call, no guard
+        assert f"----> 3     {call}" in shown and "mpinb/rank" not in shown, shown  # the cell's call, no guard
     with pytest.raises(RankError):
         mpi("raise ValueError('a failed cell')")
     assert mpi("comm.allreduce(1)", line="--timeout 20") == {0: 2, 1: 2}

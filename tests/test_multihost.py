@@ -53,7 +53,8 @@ def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, leftovers=True
 def test_cells_run_across_hosts_labelled_by_rank_with_gather_metrics_and_status(hosts):
     result = drive(hosts, [
         ["line", "start -n 4"],
-        ["cell", "", "import socket\nprint(socket.gethostname())"],
+        ["cell", "", "import os, socket\nprint(socket.gethostname())\n"
+                     "os.system(f'echo a subprocess on {socket.gethostname()}')"],
         ["cell", "", "if rank == 3:\n    raise ValueError(f'bad batch on {socket.gethostname()}')\ncomm.Barrier()"],
         ["cell", "--gather x", "import numpy as np\nx = np.arange(1 << 20, dtype=np.float64) * (rank + 1)"],
         ["eval", "[bool((x[r] == __import__('numpy').arange(1 << 20) * (r + 1)).all()) for r in sorted(x)]"],
@@ -67,8 +68,9 @@ def test_cells_run_across_hosts_labelled_by_rank_with_gather_metrics_and_status(
     start, hello, failing, gather, exact, transport, _, gather_mpi, exact_mpi, report, status = result["steps"]
     assert start["raised"] is None, start
     h1, h2 = hosts.names[1], hosts.names[2]
-    assert sorted(hello["stdout"].splitlines()) == [f"[rank 0] {h1}", f"[rank 1] {h1}", f"[rank 2] {h2}",
-                                                     f"[rank 3] {h2}"]
+    assert sorted(hello["stdout"].splitlines()) == sorted(  # what a subprocess writes reaches the notebook too
+        [f"[rank {r}] {h}" for r, h in enumerate([h1, h1, h2, h2])] +
+        [f"[rank {r}] a subprocess on {h}" for r, h in enumerate([h1, h1, h2, h2])]), hello["stdout"]
     assert failing["raised"][0] == "RankError" and f"rank 3: ValueError: bad batch on {h2}" in failing["raised"][1]
     assert gather["raised"] is None and exact["value"] == "[True, True, True, True]", (gather, exact)
     assert transport["value"] == "'frames'"  # no rank shares the notebook's host: each rank sends its own

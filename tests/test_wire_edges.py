@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ import pytest
 import torch
 import zmq
 
-from mpinb.notebook import ipp
 from mpinb.notebook.mpis import default_mpiexec
 from mpinb.notebook.perrank import PerRank
 from mpinb.wire import rank_files
@@ -134,22 +132,16 @@ sys.stderr.write('stderr \udcfe\n')
 @pytest.mark.mpi
 @pytest.mark.timeout(240)
 def test_bytes_that_are_not_utf8_show_as_replacement_characters(world_of, ip, mpi, capsys, caplog):
-    """In a cell's own output, labelled by rank; on the ranks' descriptor 1 (mpiexec's output), read at a stop
-    without a traceback or a warning."""
-    world = world_of(2)
+    """In a cell's own output, labelled by rank, written by Python or to descriptor 1 below it; a stop after it
+    says no word of decoding."""
+    world_of(2)
     capsys.readouterr()
     mpi(NOT_UTF8)
     out, err = capsys.readouterr()
     for rank in (0, 1):
         assert f"[rank {rank}] name \ufffd\n" in out and f"[rank {rank}] buffer \ufffd\u20ac\n" in out
         assert f"[rank {rank}] stderr \ufffd\n" in err
-    paths = [ipp.output_file(launcher) for launcher in world.cluster.engines.values()]
-    deadline = time.monotonic() + 60
-    while sum(Path(path).read_bytes().count(b"fd1 \xff end") for path in paths) < 2:  # mpiexec forwards it
-        assert time.monotonic() < deadline, "the ranks' descriptor 1 never reached mpiexec's output"
-        time.sleep(0.1)
-    launcher = next(iter(world.cluster.engines.values()))
-    assert launcher.get_output().count("fd1 \ufffd end") == 2
+        assert f"[rank {rank}] fd1 \ufffd end\n" in out, out
     caplog.clear()
     ip.run_line_magic("mpi", "stop")
     out, err = capsys.readouterr()

@@ -364,12 +364,22 @@ def _death(world, rank, output=""):
 
 def last_stderr(world, rank, received=""):
     """What *rank* last wrote to stderr: its on-disk copy when readable (complete even if the rank died right
-    after writing), else what reached the notebook."""
-    path = world.stack_files.get(rank)
+    after writing), else what reached the notebook; then the last lines its C code wrote to descriptor 2 that
+    did not reach the notebook (a library's message just before it aborted, written too late to be forwarded)."""
+    path, text = world.stack_files.get(rank), received
     if path:
         try:
             with open(stderr_path(path), errors="replace") as kept:
-                return kept.read()
+                text = kept.read()
         except OSError:
             pass
-    return received
+        try:
+            with open(native_stderr_path(path), "rb") as native:
+                native.seek(max(0, os.fstat(native.fileno()).st_size - 4096))
+                tail = native.read().decode(errors="replace").splitlines()[-5:]
+        except OSError:
+            tail = []
+        unseen = [line for line in tail if line.strip() and line not in received]
+        if unseen:
+            text = text + ("" if not text or text.endswith("\n") else "\n") + "\n".join(unseen) + "\n"
+    return text

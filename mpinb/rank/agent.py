@@ -17,10 +17,11 @@ import zmq
 from ..wire import messages, rank_files, shm
 from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
 from ..wire.kinds import Cell, CellReply, Hello, Kept, Reply
-from . import (debug, gather, replicas, report, rollcall, runner, snapshots, stacks, torch_hooks, trace_torch, tracing,
-               visual_debugger)
+from . import (debug, gather, outbox, replicas, report, rollcall, runner, snapshots, stacks, torch_hooks, trace_torch,
+               tracing, visual_debugger)
 from .abort_watch import AbortWatch
-from .outbox import Ask, BetweenCells, ChannelStream, Outbox, Send, TraceEnd, TraceStart
+from .native_output import NativeOutput
+from .outbox import Ask, BetweenCells, ChannelStream, Outbox, Output, Send, TraceEnd, TraceStart, readable
 
 _agent = None
 
@@ -74,11 +75,13 @@ class Agent:
         self.loop.add_handler(self.inbox_fd, self._on_readable, IOLoop.READ)
         self.loop.add_callback(self._on_readable)  # what arrived before the handler was there
         path = stacks.install()
-        stacks.keep_native_stderr()
+        paths = stacks.keep_native_output()
         tracing.state.mirror_to(rank_files.ledger_path(path))
         torch_hooks.install_when_imported()
         self.abort_watch = AbortWatch(self.outbox)
         self.rollcall = rollcall.RollCall(context, cells, key, rank, encrypt=encrypt)
+        self.native = None if paths is None else NativeOutput(paths, self._native_output)
+        outbox.before_write = self.native.drain if self.native is not None else None
         self.cell_id = None
         debug.install(lambda prompt: self.outbox.put(Ask(self.cell_id, prompt)), rank)
         visual_debugger.install(lambda message: self.outbox.put(Send(message)), rank)
@@ -86,6 +89,10 @@ class Agent:
         if self.snapshots is not None:  # the notebook may wait for every rank's snapshot (snapshot_lag = 0)
             self.snapshots.on_taken = lambda cell: self.outbox.put(Send(Kept(rank, cell)))
         self.inbox.send_multipart(self.hello.pack(Hello(rank, path)))
+
+    def _native_output(self, name, text):
+        """What the rank wrote below Python: the running cell's output, or shown with the next one."""
+        self.outbox.put(Output(self.rollcall.cell, name, readable(text)))
 
     def _on_readable(self, *_):
         while not self.inbox.closed:
@@ -142,6 +149,8 @@ class Agent:
                 stacks.rearm()  # the user's code may have taken the stack-dump and crash handlers away
             sys.stdout, sys.stderr = streams
             trace_torch.release_retired()
+        if self.native is not None:  # the cell's output below Python comes before its reply
+            self.native.drain(flush=True)
         self.rollcall.cell = None
         self.abort_watch.end_if_aborted(written)  # a cell that called MPI_Abort never replies
         if tracing.state.spans is not None:
@@ -203,6 +212,9 @@ class Agent:
 
     def close(self):
         sys.stdout, sys.stderr = self.engine_streams
+        outbox.before_write = None
+        if self.native is not None:
+            self.native.close()
         self.loop.remove_handler(self.inbox_fd)
         self.inbox.close()
         self.rollcall.close()

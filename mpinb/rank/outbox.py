@@ -75,6 +75,9 @@ class Send:
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# called before each write of the rank's Python output: what it wrote below Python before goes first
+# (``native_output.NativeOutput.drain``, set by the agent)
+before_write = None
 
 
 def readable(text):
@@ -122,6 +125,8 @@ class ChannelStream(io.TextIOBase):
 
     def write(self, text):
         if text:
+            if before_write is not None:
+                before_write()
             shown = readable(text)
             self.outbox.put(Output(self.cell_id, self.name, shown))
             if self.name == "stderr":

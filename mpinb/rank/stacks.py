@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from ..wire import files
-from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, stack_path, stderr_path
+from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, native_stdout_path, stack_path, stderr_path
 
 SIGNAL = STACK_SIGNAL
 # mpinb's wrappers around MPI calls (the modules of rank/tracing/, rank/trace_torch.py), and
@@ -35,7 +35,7 @@ WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
 _file = None
 _path = None  # the path of _file
 _stderr = None
-_native = None  # descriptor of the native_stderr_path file, once keep_native_stderr pointed descriptor 2 at it
+_native = None  # descriptor of the native_stderr_path file, once keep_native_output pointed descriptor 2 at it
 current_cell_file = ""  # the file the running (or last) cell was compiled as
 STDERR_LIMIT = 64 << 10  # bytes of a rank's recent stderr kept on disk for a post-mortem
 
@@ -60,27 +60,29 @@ def rank_directory():
 
 
 
-def keep_native_stderr():
-    """Point file descriptor 2 at this rank's :func:`native_stderr_path` file (appending), and descriptor 1 back
-    at mpiexec.
+def keep_native_output():
+    """Point file descriptors 1 and 2 at this rank's :func:`native_stdout_path` and :func:`native_stderr_path`
+    files (appending); return ``{"stdout": path, "stderr": path}``, or ``None`` before :func:`install`.
 
-    The engine's kernel had pointed both at pipes that a thread drains later, so what C code wrote just before
-    the process ended, MPI's own ``MPI_Abort`` notice among it, was lost; Hydra's forwarding to mpiexec races
-    with its ending the job just the same. A file keeps every line at once, for the notebook to read.
+    The engine's kernel had pointed both at pipes that a thread drains later into ipyparallel's output, which
+    the notebook does not show, so what C code and subprocesses wrote never reached it, and what they wrote just
+    before the process ended, MPI's own ``MPI_Abort`` notice among it, was lost; Hydra's forwarding to mpiexec
+    races with its ending the job just the same. A file keeps every line at once: the rank forwards what is new
+    in it to the notebook (``native_output.py``), and the notebook reads the rest after a death.
     """
-    import sys
-
     global _native
-    for stream in (sys.__stdout__, sys.__stderr__, sys.stdout, sys.stderr):
-        copy, fd = getattr(stream, "_original_stdstream_copy", None), getattr(stream, "_original_stdstream_fd", None)
-        if copy is not None and fd == 1:
-            os.dup2(copy, fd)
-    if _file is not None:
-        native = files.open_own(native_stderr_path(_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-        os.dup2(native, 2)
-        if _native is not None:
-            os.close(_native)
-        _native = native  # kept open: its size is read at every cell
+    if _file is None:
+        return None
+    paths = {"stdout": native_stdout_path(_path), "stderr": native_stderr_path(_path)}
+    out = files.open_own(paths["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(out, 1)
+    os.close(out)
+    native = files.open_own(paths["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(native, 2)
+    if _native is not None:
+        os.close(_native)
+    _native = native  # kept open: its size is read at every cell
+    return paths
 
 
 # What each MPI writes when a rank calls MPI_Abort: MPICH and Intel MPI on the rank's stderr, Open MPI 5 there

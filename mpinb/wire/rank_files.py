@@ -33,6 +33,11 @@ def native_stderr_path(path):
     return path.replace("mpinb-stacks-", "mpinb-cstderr-")
 
 
+def native_stdout_path(path):
+    """Where the rank that dumps stacks to *path* sends what C code and subprocesses write to its standard output."""
+    return path.replace("mpinb-stacks-", "mpinb-cstdout-")
+
+
 def every_path(path):
     """The stack file *path* and the files named after it."""
-    return path, stderr_path(path), native_stderr_path(path), ledger_path(path)
+    return path, stderr_path(path), native_stderr_path(path), native_stdout_path(path), ledger_path(path)

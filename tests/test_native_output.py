@@ -1,0 +1,57 @@
+"""What a rank writes below Python reaches the notebook, labelled by rank as its prints are: its file descriptors
+1 and 2 (``os.write``, ``os.system``, subprocesses, C's ``printf``), in order with its Python output on the same
+stream, all of it before the cell's reply; and what C wrote just before the rank died is in the death's message."""
+
+import re
+
+import pytest
+
+from mpinb.errors import RankError
+
+pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
+
+BELOW_PYTHON = """\
+import ctypes, os, subprocess, sys
+print("python before", flush=True)
+os.write(1, f"os.write to 1 on {rank}\\n".encode())
+os.system(f"echo os.system on {rank}")
+subprocess.run([sys.executable, "-c", f"print('a subprocess of {rank}')"], check=True)
+ctypes.CDLL(None).printf(f"printf on {rank}\\n".encode())
+os.write(2, f"os.write to 2 on {rank}\\n".encode())
+print("python after", flush=True)
+"""
+
+
+def test_descriptors_1_and_2_reach_the_notebook_labelled_and_in_order(world_of, mpi, capsys):
+    world_of(2)
+    capsys.readouterr()
+    mpi(BELOW_PYTHON)
+    captured = capsys.readouterr()
+    for rank in (0, 1):
+        out = [line for line in captured.out.splitlines() if line.startswith(f"[rank {rank}] ")]
+        said = [line.split("] ", 1)[1] for line in out]
+        expected = ["python before", f"os.write to 1 on {rank}", f"os.system on {rank}", f"a subprocess of {rank}"]
+        assert [line for line in said if line in expected] == expected, captured.out  # in the order written
+        assert said.index("python after") > said.index(f"a subprocess of {rank}"), captured.out
+        assert f"printf on {rank}" in said, captured.out  # C's buffered stdout, flushed as the cell ends
+        assert f"[rank {rank}] os.write to 2 on {rank}" in captured.err, captured.err
+
+
+def test_unicode_split_across_writes_is_decoded_whole(world_of, mpi, capsys):
+    world_of(2)
+    capsys.readouterr()
+    mpi("import os, time\ndata = 'naïve ünïcode ✓\\n'.encode()\nfor i in range(len(data)):\n"
+        "    os.write(1, data[i:i + 1])\n    time.sleep(0.002)\n")
+    out = capsys.readouterr().out
+    assert "[rank 0] naïve ünïcode ✓" in out and "[rank 1] naïve ünïcode ✓" in out, out
+    assert "\ufffd" not in out
+
+
+def test_what_c_wrote_just_before_a_crash_is_in_the_message(world_of, mpi):
+    world_of(2)
+    with pytest.raises(RankError) as info:
+        mpi("import ctypes, os\nif rank == 1:\n    os.write(2, b'libfoo: bad descriptor table, giving up\\n')\n"
+            "    ctypes.string_at(0)\ncomm.Barrier()\n")
+    text = str(info.value)
+    assert re.search(r"rank 1 died: signal 11 \(SIGSEGV\).*its last stderr lines:\n(.*\n)*libfoo: bad descriptor "
+                     r"table, giving up", text), text
