@@ -3,7 +3,8 @@ the same captures (``py_spy.capture``, or ``diagnose.capture_stacks`` where it c
 ``places``."""
 
 from ...wire.ranks import label_ranks
-from ..diagnose import capture_stacks, parse
+from ..diagnose import RankStack, capture_stacks, parse
+from ..lifecycle import State
 from . import places, py_spy
 
 
@@ -16,7 +17,15 @@ def stacks(world, ranks, code=""):
     # the file each rank's cell was compiled as, from its stack file's notes: py-spy's frames say the rest
     python = {rank: _cell_of(world, rank) for rank, stack in native.items() if stack.frames}
     others = [rank for rank in ranks if rank not in python]
-    python.update(capture_stacks(world, others) if others else {})
+    # ranks elsewhere are asked through the cell channel, whose socket the running cell's loop owns meanwhile (this
+    # runs on another thread then): asked only between cells
+    busy = world.state not in (State.IDLE, State.DEAD)
+    asked = [rank for rank in others if not (busy and world.is_remote(rank))]
+    python.update(capture_stacks(world, asked) if asked else {})
+    for rank in others:
+        if rank not in python:
+            host = world.identities.get(rank, {}).get("host", "another host")
+            python[rank] = RankStack(rank, note=f"on {host}: its stack is asked of the rank between cells only")
     groups = {}  # text -> ranks
     for rank in ranks:
         stack, own = python.get(rank), native.get(rank)
@@ -25,7 +34,7 @@ def stacks(world, ranks, code=""):
             body = places.merged(own, stack)
         else:
             head = stack.where(code, verb="in") if stack is not None else "position unknown"
-            if own is not None and own.note:
+            if own is not None and own.note and (stack is not None and stack.frames or not world.is_remote(rank)):
                 head += f" ({own.note})"
             body = stack.text() if stack is not None and stack.frames else ""
         groups.setdefault((head, body), []).append(rank)
