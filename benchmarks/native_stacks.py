@@ -1,5 +1,5 @@
 """Native stacks: how long ``%mpi stacks`` takes to read every rank's Python and native frames with py-spy (one
-py-spy per rank, all at once), against mpinb's Python-only capture (faulthandler dumps) of the same ranks.
+py-spy per rank, as many at once as there are cores), against mpinb's Python-only capture (faulthandler dumps) of the same ranks.
 
     python benchmarks/native_stacks.py [--reps 5] [--markdown benchmarks/RESULTS.md]
 
@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import io
 import os
+import platform
 import statistics
 import tempfile
 import threading
@@ -75,9 +76,11 @@ def main():
     for size, (native, python) in results.items():
         rows.append(f"| {size} | {native * 1e3:.0f} ms | {python * 1e3:.0f} ms | {native / python:.1f}x | "
                     f"{GOAL:g} s | {'yes' if native <= GOAL else 'no'} |")
-    header = (f"{MARK}\n## Native stacks\n\n`python benchmarks/native_stacks.py --reps {args.reps}`: every rank but "
-              "the last in `comm.Barrier()`, medians; one py-spy per rank, all at once; the ratio is py-spy's "
-              f"read against mpinb's faulthandler capture of the same ranks in the same run ({load.summary()}).\n\n")
+    header = (f"{MARK}\n## Native stacks\n\n`python benchmarks/native_stacks.py --reps {args.reps}`, "
+              f"{time.strftime('%Y-%m-%d')}, on {platform.node()}: {os.cpu_count()} cores: every rank but the last "
+              "in `comm.Barrier()` (MPICH's ranks spin there), medians; one py-spy per rank, as many at once as there "
+              "are cores, the ranks not being read stopped meanwhile; the ratio is that against mpinb's faulthandler "
+              f"capture (Python frames only) of the same ranks in the same run ({load.summary()}).\n\n")
     publish(header + "\n".join(rows) + f"\n{MARK}", args.markdown, MARK)
 
 
