@@ -160,3 +160,18 @@ def test_the_tables_name_a_ddp_backward_waiting_for_gloo_and_a_gloo_allreduce():
             ("c10d::Reducer::finalize_backward", "", 0, "libtorch_cpu.so"), ("_engine_run_backward", graph, 979, None)]
     assert summary(NativeStack(1, gloo), who="rank 1") == \
         "rank 1 is in gloo's allreduce (libtorch_cpu.so), called from DDP's backward"
+
+
+def test_the_ranks_name_this_kernel_their_tracer_so_py_spy_may_read_them_under_yama(world_of):
+    """Under Yama's ptrace_scope 1 only a process's ancestors may ptrace it, and py-spy (the kernel's child) is not
+    the ranks' ancestor: each rank's launcher names the kernel, from ``$MPINB_TRACER``, which must say this kernel
+    (host and pid) for the check before py-spy runs to let it."""
+    from mpinb.wire.rank_files import TRACER_ENV, tracer
+
+    world = world_of(2)
+    for rank in world.ranks:
+        pid = world.identities[rank]["pid"]
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            variables = dict(item.split(b"=", 1) for item in environ.read().split(b"\0") if b"=" in item)
+        assert variables[TRACER_ENV.encode()].decode() == tracer()
+        assert py_spy.refusal(pid) == ""

@@ -11,7 +11,7 @@ import time
 from ..errors import BadArguments, MPIError, StartInterrupted
 from ..rank import agent
 from ..rank import world as rank_world
-from ..wire.rank_files import TRACER_ENV
+from ..wire.rank_files import TRACER_ENV, tracer
 from . import ipp, leftovers, mpis, stops
 from .launchers import is_this_host
 from .reaper import alive
@@ -174,7 +174,7 @@ class Startup:
         self.engine_file = os.path.join(world.status_dir, "engine.json")
         environment = {leftovers.MARK: world.status_dir, **world.kept_state.environment(world.size),
                        **mpi.environment()}
-        environment[TRACER_ENV] = str(os.getpid())  # which process the ranks let ptrace them (native/py_spy.py)
+        environment[TRACER_ENV] = tracer()  # which process the ranks let ptrace them (native/py_spy.py)
         # the controller carries the world's mark too, and so does every process it forks: stop finds them all
         config.LocalControllerLauncher.environment = {leftovers.MARK: world.status_dir}
         # ipyparallel's controller, less a quarter second's sleep before it writes its connection files

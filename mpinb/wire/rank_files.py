@@ -6,11 +6,17 @@ the world (``notebook/reaper.py``)."""
 
 import os
 import signal
+import socket
 
 STACK_SIGNAL = signal.SIGUSR2  # a rank dumps every thread's stack to its stack file on it
 # in the ranks' environment: the pid of the kernel, which the rank's launcher lets ptrace it (and py-spy, the kernel's
 # child, read its native stack) where Linux's Yama allows only ancestors (``rank/launch.py``, ``notebook/native/``)
 TRACER_ENV = "MPINB_TRACER"
+
+
+def tracer():
+    """``"HOST PID"`` of this process, the value of :data:`TRACER_ENV` that names it (a pid means it on its host only)."""
+    return f"{socket.gethostname()} {os.getpid()}"
 
 
 def stack_path(pid, directory):

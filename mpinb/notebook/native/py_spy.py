@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ...wire.rank_files import TRACER_ENV
+from ...wire.rank_files import TRACER_ENV, tracer
 
 PY_SPY = "MPINB_PY_SPY"  # the environment variable that names the py-spy to run
 TIMEOUT = 10.0  # seconds one py-spy dump may take (it takes about 0.2 s)
@@ -87,7 +87,7 @@ def refusal(pid):
     if owner != os.geteuid() and not capable:
         return (f"no native frames: the ranks run as user {owner} and the kernel as {os.geteuid()} without "
                 f"CAP_SYS_PTRACE: run the kernel as their user, or with CAP_SYS_PTRACE")
-    if scope == 1 and not capable and _environment(pid).get(TRACER_ENV) != str(os.getpid()):
+    if scope == 1 and not capable and _environment(pid).get(TRACER_ENV) != tracer():
         return ("no native frames: kernel.yama.ptrace_scope is 1 and these ranks were not started by this kernel's "
                 f"mpinb (which lets it trace them): sudo sysctl kernel.yama.ptrace_scope=0, or run the kernel with "
                 "CAP_SYS_PTRACE")
