@@ -5,6 +5,9 @@ import re
 
 import pytest
 from conftest import leftover_ranks, new_world_tag
+from IPython.core.error import UsageError
+
+from mpinb.errors import MPIError, RankError
 from test_debug import kernel, run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -114,3 +117,25 @@ def test_where_each_rank_was_names_cells_as_ipython_does_in_a_kernel():
         assert "Where it crashed (most recent call last):\n  Cell In[4], line 4\n" in text, text
         assert run(client, "%mpi stop")[0] == "ok"
     assert not leftover_ranks(tag)
+
+
+def test_a_rank_that_died_during_a_cell_is_said_to_have_died_in_it_and_the_world_is_called_dead(world_of, ip, mpi):
+    """The next cell said the rank "died while no cell ran", and ``-n 4`` that "a 2-rank world is running"."""
+    world_of(2)
+    with pytest.raises(RankError) as info:
+        mpi("import os, threading, time\nif rank == 1:\n    threading.Timer(0.3, lambda: os._exit(3)).start()\n"
+            "time.sleep(2)")
+    assert "rank 1: RankLost: rank 1 died: exit code 3" in str(info.value), str(info.value)
+    with pytest.raises(MPIError) as info:
+        mpi("rank")
+    assert re.search(r"^rank 1 of this world died during In\[\d+\] \(exit code 3\); rank 0 ended with it, so the "
+                     r"world cannot run cells: %mpi restart", str(info.value)), str(info.value)
+    with pytest.raises(UsageError) as info:
+        mpi("rank", "-n 4")
+    assert re.search(r"^the 2-rank world is dead \(ranks? [\d-]+ died during In\[\d+\]\): %mpi restart -n 4 starts 4 "
+                     r"new ranks", str(info.value)), str(info.value)
+    with pytest.raises(UsageError) as info:
+        ip.run_line_magic("mpi", "start -n 2")
+    assert str(info.value).startswith("the 2-rank world is dead ("), str(info.value)
+    ip.run_line_magic("mpi", "restart --fresh")
+    assert mpi("rank") == {0: 0, 1: 1}

@@ -15,6 +15,7 @@ import psutil
 
 from ..errors import BadArguments, MPIError, StartInterrupted
 from ..wire.channel import Channel
+from ..wire.ranks import label_ranks
 from . import ipp, leftovers, mpis, status, stops
 from .gather import Receiver
 from .kept_state import KeptState
@@ -128,6 +129,7 @@ class World:
         self.progress = progress
         self._line = None  # the Progress of a start under way
         self.threads = int(threads)
+        self.died_in = None  # the In[N] a rank of this world died during, once one did
         self.cluster = None
         self.client = None
         self.channel = None
@@ -182,6 +184,7 @@ class World:
 
     def _start(self):
         self._lifecycle.move(State.STARTING)
+        self.died_in = None
         try:
             Startup(self).run()  # a failed start stops what it launched (the world is stopped)
         except StartInterrupted:
@@ -408,9 +411,21 @@ class World:
         """Every rank is done with the cell and waits for the next one."""
         self._lifecycle.move(State.IDLE)
 
-    def mark_dead(self):
-        """A rank died: the world runs no cell until it is restarted."""
+    def mark_dead(self, cell=None):
+        """A rank died (during the cell ``In[cell]``, when it is known): the world runs no cell until it is
+        restarted."""
         self._lifecycle.move(State.DEAD)
+        if cell is not None:
+            self.died_in = cell
+
+    def dead_text(self):
+        """``rank 1 died during In[4]`` (or ``ranks 0-1 died``) when some of this world's ranks are gone, else
+        ``None``."""
+        dead = self.dead_ranks() if self.running else []
+        if not dead:
+            return None
+        during = f" during In[{self.died_in}]" if self.died_in is not None else ""
+        return f"{label_ranks(dead)} died{during}"
 
     def mark_ended(self, why):
         """The world was stopped, or could not be started again, without the user asking: *why*, for

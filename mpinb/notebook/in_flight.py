@@ -298,7 +298,7 @@ class InFlight:
         for name, values in result.gathered.items():  # rank order, whatever order the replies came in
             result.gathered[name] = PerRank(sorted(values.items()))
         if result.first_death is not None:
-            self.world.mark_dead()
+            self.world.mark_dead(cell=self.settings.number)
         elif not (result.stuck or result.ended or result.inconsistent):
             self.world.mark_idle()  # else the caller ends or restarts the world
         if self.interrupted is not None:

@@ -17,13 +17,14 @@ RESTART = ("%mpi restart starts a fresh world of the same size, with every rank'
 
 
 def died_earlier(world, dead):
-    """Why a world whose ranks *dead* died while no cell ran cannot run a cell: which rank died first and how
-    (its exit code or signal, as its launcher recorded it), and which ended with it."""
+    """Why a world whose ranks *dead* died cannot run a cell: which rank died first, during which cell (or while
+    no cell ran), how (its exit code or signal, as its launcher recorded it), and which ended with it."""
     deaths = death_report(world, dead, wait=0.5)
     first = min(deaths.values(), key=lambda death: (death.when is None, death.when or 0.0, death.rank))
+    when = f"during In[{world.died_in}]" if world.died_in is not None else "while no cell ran"
     if first.job_ended:
-        return f"{first.job_ended} while no cell ran, and every rank with it, so the world cannot run cells: {RESTART}"
-    text = f"rank {first.rank} of this world died while no cell ran ({first.describe()})"
+        return f"{first.job_ended} {when}, and every rank with it, so the world cannot run cells: {RESTART}"
+    text = f"rank {first.rank} of this world died {when} ({first.describe()})"
     others = [rank for rank in dead if rank != first.rank]
     if others:
         text += f"; {label_ranks(others)} ended with it"

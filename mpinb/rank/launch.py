@@ -38,7 +38,7 @@ def _die_with_parent():
         # under Yama's ptrace_scope 1 only a process's ancestors may read its stack: the notebook's kernel is one,
         # but py-spy, which it starts to read the engine's native frames (%mpi stacks), is not; named here, the
         # kernel and what it starts may (without Yama this fails, and nothing needs it)
-        host, _, tracer = os.environ.get(TRACER_ENV, "").rpartition(" ")
+        host, _, tracer = os.environ.get(TRACER_ENV, "").rpartition(":")
         if tracer.isdigit() and host == socket.gethostname():  # that pid means the kernel on its host only
             libc.prctl(PR_SET_PTRACER, int(tracer), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the engine may outlive a killed parent

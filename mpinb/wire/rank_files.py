@@ -15,8 +15,8 @@ TRACER_ENV = "MPINB_TRACER"
 
 
 def tracer():
-    """``"HOST PID"`` of this process, the value of :data:`TRACER_ENV` that names it (a pid means it on its host only)."""
-    return f"{socket.gethostname()} {os.getpid()}"
+    """``"HOST:PID"`` of this process, the value of :data:`TRACER_ENV` that names it (a pid means it on its host only)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def stack_path(pid, directory):
