@@ -15,7 +15,8 @@ TRACER_ENV = "MPINB_TRACER"
 
 
 def tracer():
-    """``"HOST:PID"`` of this process, the value of :data:`TRACER_ENV` that names it (a pid means it on its host only)."""
+    """``"HOST:PID"`` of this process: the value of :data:`TRACER_ENV` that names it (a pid says which process on
+    its own host only)."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
