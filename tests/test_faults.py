@@ -113,7 +113,7 @@ def test_a_crashed_rank_is_named_with_how_it_died(crash, how, ip, world_of, mpi)
         assert re.search(r"signal 11 \(SIGSEGV\) in string_at \(__init__\.py:\d+\), called at cell line 6: "
                          r"ctypes\.string_at\(0\)", text)
         assert re.search(r"\n  Cell In\[\d+\], line 6\n", error.failures[2]["traceback"][0])  # as IPython names it
-    with pytest.raises(MPIError, match="died while no cell ran .*, so the world cannot run cells: %mpi restart"):
+    with pytest.raises(MPIError, match=r"died during In\[\d+\] .*, so the world cannot run cells: %mpi restart"):
         mpi("size")
     ip.run_line_magic("mpi", "restart")
     assert_all_gone(old)

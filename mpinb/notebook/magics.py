@@ -241,6 +241,10 @@ class MPIMagics(Magics):
         handler(args)
 
     def _command_start(self, args):
+        dead = self.world.dead_text() if self.world is not None else None
+        if dead:
+            raise UsageError(f"the {self.world.size}-rank world is dead ({dead}): %mpi restart starts its ranks "
+                             "again with their variables, %mpi restart --fresh or -n N without them, %mpi stop ends it")
         if self.world is not None and self.world.running:
             raise UsageError(
                 f"a {self.world.size}-rank world is already running: %mpi restart -n N replaces it, "
@@ -449,6 +453,11 @@ class MPIMagics(Magics):
         if self.world is not None and self.world.running:
             if n is not None:
                 check_size(n, self.world.placement)
+            dead = self.world.dead_text() if n is not None and n != self.world.size else None
+            if dead:
+                raise UsageError(
+                    f"the {self.world.size}-rank world is dead ({dead}): %mpi restart -n {n} starts {n} new ranks "
+                    f"(the {self.world.size} ranks' variables are kept for a restart of {self.world.size})")
             if n is not None and n != self.world.size:
                 raise UsageError(
                     f"a {self.world.size}-rank world is running, not {n}: %mpi restart -n {n} replaces it "
