@@ -4,7 +4,8 @@
 # make mpis  — install Open MPI and Intel MPI beside the default MPICH, for tests/test_mpis.py
 # make mpi4py-tests — fetch mpi4py's own test suite (its sdist) for tests/test_third_party.py
 # make soak  — random notebook sessions through a real kernel for SOAK_SECONDS (default 3600), new seeds each
-#              sequence; MPINB_SESSION_SEED=N replays one
+#              sequence (MPINB_SESSION_SEED=N replays one); then every tutorial in JupyterLab in Chromium (make
+#              test runs two there, and every one under nbclient)
 # make bench — print the benchmark table (and keep it in benchmarks/RESULTS.md)
 # make docs  — build the documentation site, the tutorials executed, into docs/_build/html; fails on a warning
 
@@ -94,8 +95,9 @@ test: $(STAMP) chromium sshd $(MPISTAMP) $(M4PSTAMP)
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
 
 SOAK_SECONDS ?= 3600
-soak: $(STAMP)
+soak: $(STAMP) chromium
 	MPINB_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -s -q --timeout=0 tests/test_random_sessions.py
+	MPINB_EVERY_TUTORIAL=1 $(PY) -m pytest -q tests/test_browser_tutorials.py
 
 # -W: a warning (a broken reference, a cell that fails) fails the build; linkcheck then follows every link
 # inside the site, anchors included; docs/check.py asserts each tutorial page shows its figures, and that every
