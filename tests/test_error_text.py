@@ -139,3 +139,19 @@ def test_a_rank_that_died_during_a_cell_is_said_to_have_died_in_it_and_the_world
     assert str(info.value).startswith("the 2-rank world is dead ("), str(info.value)
     ip.run_line_magic("mpi", "restart --fresh")
     assert mpi("rank") == {0: 0, 1: 1}
+
+
+def test_a_frameworks_internal_frames_are_folded_and_the_users_lines_shown(world_of, mpi):
+    """A shape error deep inside nested torch modules: the cell's line, where the user's code called in and the
+    last two frames where torch raised stay; the frames between are one line that says how many and whose."""
+    world_of(2)
+    with pytest.raises(RankError) as info:
+        mpi("import torch\nmodel = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4))))"
+            "\nout = model(torch.ones(2, 5))\n")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(info.value._render_traceback_()))
+    folded = re.search(r"\[\.\.\. (\d+) frames inside torch left out, between the first and the last two of each "
+                       r"run: %mpi debug R shows them all\]", shown)
+    assert folded and int(folded[1]) >= 4, shown
+    assert "----> 4 out = model(torch.ones(2, 5))" in shown, shown  # the user's line
+    assert "linear.py" in shown and "F.linear" in shown, shown  # where torch raised
+    assert shown.count("module.py") <= 2, shown  # of torch's many Module.__call__ frames, the first

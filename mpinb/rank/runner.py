@@ -5,7 +5,9 @@ import importlib
 import linecache
 import os
 import sys
+import sysconfig
 import traceback
+import types
 
 from ..wire.kinds import CellReply
 from . import stacks
@@ -155,6 +157,7 @@ def describe_error(exc, shell=None):
         tb = tb.tb_next
     tb = _from_the_script(tb)
     tb, left_out = _shortened(tb)
+    tb, folded = _folded(tb)
     if isinstance(exc, SyntaxError):
         tb = None  # the compiler's frames say nothing: the error itself names the file, line and column
     # in the cell itself: said as IPython says it, the line with a caret under Cell In[N], not the file's name
@@ -174,6 +177,9 @@ def describe_error(exc, shell=None):
     if left_out:
         lines.insert(0, f"[... {left_out} frames left out: the first {KEPT_FRAMES} and the last {KEPT_FRAMES} are "
                         "shown]\n")
+    if folded:
+        lines.insert(0, f"[... {sum(folded.values())} frames inside {', '.join(sorted(folded))} left out, between "
+                        "the first and the last two of each run: %mpi debug R shows them all]\n")
     if ename == "RuntimeError" and "did not receive grad" in evalue:  # DDP's, about unused parameters: name them
         from .trace_ddp import explain
 
@@ -208,6 +214,63 @@ def _shortened(tb):
     for outer, inner in zip(kept, kept[1:]):
         outer.tb_next = inner
     return kept[0], len(frames) - len(kept)
+
+
+LIBRARY_RUN = 5  # library frames in a row folded to their first and last two when there are more
+
+
+def _folded(tb):
+    """*tb* as a new chain (the rank's own traceback, which ``%mpi debug`` reads, is left whole) where each run of
+    more than :data:`LIBRARY_RUN` frames in installed packages or the standard library keeps its first frame
+    (where the user's code called in) and its last two (where it raised); ``{package: frames left out}``.
+    A framework's error (DDP's, Lightning's) otherwise buried the line of the user's code under pages of its
+    internals."""
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    kept, folded, run = [], {}, []
+
+    def end_run():
+        if len(run) > LIBRARY_RUN:
+            for dropped in run[1:-2]:
+                name = _package(dropped.tb_frame.f_code.co_filename)
+                folded[name] = folded.get(name, 0) + 1
+            kept.extend([run[0], *run[-2:]])
+        else:
+            kept.extend(run)
+        run.clear()
+
+    for frame in frames:
+        if _package(frame.tb_frame.f_code.co_filename) is None:
+            end_run()
+            kept.append(frame)
+        else:
+            run.append(frame)
+    end_run()
+    if not folded:
+        return (frames[0] if frames else None), {}
+    chain = None
+    for frame in reversed(kept):
+        chain = types.TracebackType(chain, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return chain, folded
+
+
+def _package(filename):
+    """The top-level package of an installed module's *filename* (``torch``), ``"the standard library"``, or
+    ``None`` for the user's code (a cell, a script, a module of theirs)."""
+    for root in _LIBRARY_ROOTS:
+        if filename.startswith(root):
+            rest = filename[len(root):].lstrip(os.sep)
+            top = rest.split(os.sep, 1)[0]
+            if root in _SITE_ROOTS:
+                return top.removesuffix(".py")
+            return "site-packages" if top == "site-packages" else "the standard library"
+    return None
+
+
+_SITE_ROOTS = tuple({sysconfig.get_paths()[key] for key in ("purelib", "platlib")})
+_LIBRARY_ROOTS = _SITE_ROOTS + (sysconfig.get_paths()["stdlib"],)
 
 
 def _without_wrappers(tb):
