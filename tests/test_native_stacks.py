@@ -3,13 +3,17 @@ line; without py-spy it says how to get it and shows the Python frames; a rank t
 reported with where it is in C."""
 
 import _thread
+import json
 import re
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from mpinb.notebook.native import py_spy
+from mpinb.wire.ranks import parse_ranks
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 
@@ -175,3 +179,35 @@ def test_the_ranks_name_this_kernel_their_tracer_so_py_spy_may_read_them_under_y
             variables = dict(item.split(b"=", 1) for item in environ.read().split(b"\0") if b"=" in item)
         assert variables[TRACER_ENV.encode()].decode() == tracer()
         assert py_spy.refusal(pid) == ""
+
+
+@pytest.mark.hosts
+@pytest.mark.slow
+@pytest.mark.usefixtures("needs_py_spy")
+def test_ranks_on_other_hosts_that_do_not_answer_read_their_own_native_stacks():
+    """The notebook on one host, its ranks on two others (tests/hosts.py), where it cannot ptrace them: each rank
+    that did not answer runs py-spy on itself from its roll-call thread, which runs while the rank waits in MPI;
+    the rank holding its GIL in C cannot, and its error says where it is in Python only."""
+    from hosts import Hosts, setup_across
+
+    with Hosts(3) as hosts:
+        steps = [["line", "start -n 4"], ["eval", "setattr(get_ipython().magics_manager.registry['MPIMagics'], "
+                                                  "'interrupt_grace', 1.0)"], ["cell", "--timeout 3", LOCK]]
+        config = {"setup": setup_across(hosts, (1, 2), 2), "steps": steps}
+        driver = Path(__file__).with_name("multihost_driver.py")
+        done = hosts.output(0, [sys.executable, str(driver), json.dumps(config)], timeout=200)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        assert lines, f"the notebook's side printed no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        start, _, stuck = json.loads(lines[-1].removeprefix("RESULT "))["steps"]
+    assert start["raised"] is None, start
+    text = stuck["raised"][1]
+    lines = {}  # rank -> the line of its error (identical errors share one)
+    for line in text.splitlines():
+        label = re.match(r"ranks? ([\d, -]+): ", line)
+        for rank in parse_ranks(label.group(1), 4) if label else ():
+            lines[rank] = line
+    for rank in (0, 2, 3):  # in a Barrier: each read itself, on its host
+        assert re.search(r"blocked in comm\.Barrier\(\) at cell line 9; did not answer the interrupt within 1 s \(stuck "
+                         r"in C or MPI\); natively in \w", lines[rank]), text
+    assert re.search(r"natively in MPI_Barrier \(libmpi[\w.]*\)$", text, re.M), text
+    assert "did not answer the interrupt" in lines[1] and "natively" not in lines[1], text

@@ -6,7 +6,9 @@ longer than ``after`` seconds, it sends a :class:`~mpinb.wire.kinds.Waiting` onc
 :class:`~mpinb.wire.kinds.RollCall`, it answers a :class:`~mpinb.wire.kinds.Where` at once, ``where`` being
 :meth:`mpinb.rank.tracing.State.where` plus the file the running cell was compiled as. Asked for the main
 thread's Python stack (:class:`~mpinb.wire.kinds.AskStack`, for a rank on another host, whose stack file the
-notebook cannot read), it answers a :class:`~mpinb.wire.kinds.Stack` (``stacks.main_thread_stack``).
+notebook cannot read), it answers a :class:`~mpinb.wire.kinds.Stack` (``stacks.main_thread_stack``); for its
+native stack (:class:`~mpinb.wire.kinds.AskNative`), a :class:`~mpinb.wire.kinds.Native` read by py-spy on this
+host (``native_stack.own``), from a thread of its own.
 """
 
 import dataclasses
@@ -16,7 +18,8 @@ import threading
 import zmq
 
 from ..wire import kinds, messages
-from ..wire.kinds import AskStack, DebugCommand, Listening, Settle, Settled, Stack, Stdin, Waiting, Where
+from ..wire.kinds import (AskNative, AskStack, DebugCommand, Listening, Native, Settle, Settled, Stack, Stdin, Waiting,
+                          Where)
 from . import stacks, tracing
 
 
@@ -63,6 +66,9 @@ class RollCall(threading.Thread):
                         visual_debugger.request(command)
                     case AskStack(number):
                         self._send(Stack(self.rank, number, stacks.main_thread_stack()))
+                    case AskNative(number):  # py-spy takes a while: the roll call goes on meanwhile
+                        threading.Thread(target=self._native, args=(number,), name="mpinb-native-stack",
+                                         daemon=True).start()
                     case Settle(number, items):
                         # in a thread of its own: a step that blocks must not silence the roll call
                         threading.Thread(target=self._settle, args=(number, items), name="mpinb-settle",
@@ -75,6 +81,11 @@ class RollCall(threading.Thread):
                 self.reported = current
                 self._send(Waiting(self.rank, self.cell, self.where()))
         self.socket.close()
+
+    def _native(self, number):
+        from .native_stack import own
+
+        self.outcomes.put(Native(self.rank, number, *own()))
 
     def _settle(self, number, items):
         from .settle import settle

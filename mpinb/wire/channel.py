@@ -19,8 +19,8 @@ import zmq
 
 from . import bulk, messages
 from .failures import MPIError
-from .kinds import (AskStack, Bulk, Cell, CellOptions, Hello, Input, Kept, Metrics, Out, Reply, RollCall, Settle,
-                    Stack, Stdin, TraceSpans)
+from .kinds import (AskNative, AskStack, Bulk, Cell, CellOptions, Hello, Input, Kept, Metrics, Native, Out, Reply,
+                    RollCall, Settle, Stack, Stdin, TraceSpans)
 
 
 class Channel:
@@ -144,6 +144,25 @@ class Channel:
             for message in self.receive(deadline - time.monotonic(), keep=False):
                 if isinstance(message, Stack) and message.number == number and message.rank in ranks:
                     answers[message.rank] = message.stack
+                else:
+                    self._held.append(message)
+        return answers
+
+    def native(self, ranks, number, timeout):
+        """Ask *ranks*' roll-call threads for their main thread's native stack, read by py-spy on their host:
+        ``{rank: (frames, note)}`` of those that answered within *timeout* seconds (``rank/native_stack.own``).
+        What else arrives meanwhile is kept for the next :meth:`receive`."""
+        frames = self.signer.pack(AskNative(number))
+        for rank in ranks:
+            try:
+                self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        answers, deadline = {}, time.monotonic() + timeout
+        while len(answers) < len(ranks) and time.monotonic() < deadline:
+            for message in self.receive(deadline - time.monotonic(), keep=False):
+                if isinstance(message, Native) and message.number == number and message.rank in ranks:
+                    answers[message.rank] = (message.frames, message.note)
                 else:
                     self._held.append(message)
         return answers

@@ -2,10 +2,10 @@
 raised when a type's fields or meaning change, so that a rank of another mpinb is named at the handshake.
 
 Notebook → rank (the cell socket, to the rank's agent or to its roll-call thread): :class:`Cell`,
-:class:`RollCall`, :class:`AskStack`, :class:`Settle`, :class:`Stdin`, :class:`DebugCommand`.
+:class:`RollCall`, :class:`AskStack`, :class:`AskNative`, :class:`Settle`, :class:`Stdin`, :class:`DebugCommand`.
 Rank → notebook (the events socket): :class:`Hello`, :class:`Out`, :class:`Metrics`, :class:`TraceSpans`,
 :class:`Input`, :class:`DebugStopped`, :class:`DebugAnswer`, :class:`Reply` from the agent; :class:`Listening`,
-:class:`Waiting`, :class:`Where`, :class:`Stack`, :class:`Settled` from the roll-call thread.
+:class:`Waiting`, :class:`Where`, :class:`Stack`, :class:`Native`, :class:`Settled` from the roll-call thread.
 """
 
 from dataclasses import dataclass, field
@@ -157,6 +157,12 @@ class RollCall(NamedTuple):
 
 class AskStack(NamedTuple):
     """Send the main thread's stack (:class:`Stack`)."""
+
+    number: object
+
+
+class AskNative(NamedTuple):
+    """Send the main thread's native stack as py-spy reads it on the rank's host (:class:`Native`)."""
 
     number: object
 
@@ -314,6 +320,16 @@ class Stack(NamedTuple):
     rank: int
     number: object
     stack: dict
+
+
+class Native(NamedTuple):
+    """The answer to an :class:`AskNative`: the main thread's frames ``(function, file, line, library)``, most
+    recent first (*library* ``None`` for a Python frame), or why there are none (*note*)."""
+
+    rank: int
+    number: object
+    frames: list
+    note: str
 
 
 class Settled(NamedTuple):

@@ -7,25 +7,23 @@ is optional (``pip install py-spy``): without it, or where the kernel may not pt
 and the Python frames are shown as before. ``$MPINB_PY_SPY`` names the py-spy to run (a path; one that is not an
 executable file means none).
 
-The ranks on this host are read, as many py-spys at once as there are cores. Ranks on other hosts are out of
-reach: the notebook cannot ptrace a process there, and the rank's own roll-call thread cannot run py-spy while
-the rank's main thread holds the GIL; they are said to be on that host, with their Python frames.
+The ranks on this host are read, as many py-spys at once as there are cores. A rank on another host, which the
+notebook cannot ptrace, reads itself: its roll-call thread runs py-spy on its own process there
+(``rank/native_stack.py``), which it can while the rank's main thread does not hold the GIL (a wait in MPI or
+gloo); a rank holding it in C does not answer, and is shown with its Python frames.
 """
 
-import json
+import itertools
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
+from ...rank.native_stack import PY_SPY, TIMEOUT, command, parse, py_spy
 from ...wire.rank_files import TRACER_ENV, tracer
 
-PY_SPY = "MPINB_PY_SPY"  # the environment variable that names the py-spy to run
-TIMEOUT = 10.0  # seconds one py-spy dump may take (it takes about 0.2 s)
 CAP_SYS_PTRACE = 19
 INSTALL = "pip install py-spy"
 
@@ -43,16 +41,6 @@ class NativeStack:
     def python(self):
         """The Python frames alone, ``(file, line, function)`` as ``diagnose.RankStack`` holds them."""
         return [(file, line, function) for function, file, line, library in self.frames if library is None]
-
-
-def py_spy():
-    """The py-spy executable to run, or ``None``: ``$MPINB_PY_SPY`` when set, else py-spy on ``PATH`` or beside
-    this Python (a kernel started from a virtual environment's ``bin`` without it on ``PATH``)."""
-    named = os.environ.get(PY_SPY)
-    if named:
-        return named if os.path.isfile(named) and os.access(named, os.X_OK) else None
-    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
 
 
 def missing():
@@ -94,30 +82,56 @@ def refusal(pid):
     return ""
 
 
-def capture(world, ranks, *, timeout=TIMEOUT):
+def capture(world, ranks, *, timeout=TIMEOUT, elsewhere=True):
     """``({rank: NativeStack}, note)`` for *ranks* of *world*: every rank on this host read by a py-spy of its own
-    (:func:`read`). *note* is the one line said when none could be read (no py-spy, no permission), else ``""``;
-    a rank on another host, or one py-spy could not read, has a :attr:`NativeStack.note` instead of frames."""
-    tool = py_spy()
-    if tool is None:
-        return {}, missing()
-    stacks, pids = {}, {}
-    for rank in ranks:
-        who = world.identities.get(rank, {})
-        if world.is_remote(rank):
-            stacks[rank] = NativeStack(rank, note=f"on {who.get('host', 'another host')}, which the notebook "
-                                                  "cannot ptrace: Python frames only")
-            continue
-        why = refusal(who["pid"])
-        if why:
-            return {}, why
-        pids[rank] = who["pid"]
-    dumps = read(tool, list(pids.values()), timeout=timeout)
+    (:func:`read`); with *elsewhere*, each rank on another host reads itself, asked through its roll-call thread
+    (``rank/native_stack.py``), which answers only while the rank's main thread does not hold the GIL. *note* is
+    the one line said when the ranks here could not be read (no py-spy, no permission), else ``""``; a rank that
+    could not be read has a :attr:`NativeStack.note` instead of frames."""
+    stacks, pids, note = {}, {}, ""
+    remote = [rank for rank in ranks if world.is_remote(rank)]
+    if remote and elsewhere:
+        stacks.update(_asked(world, remote, min(timeout, ASK_WAIT)))
+    for rank in remote:
+        if rank not in stacks:
+            host = world.identities.get(rank, {}).get("host", "another host")
+            stacks[rank] = NativeStack(rank, note=f"on {host}: its native stack is asked of it between cells only")
+    here = [rank for rank in ranks if rank not in remote]
+    tool = py_spy() if here else None
+    if here and tool is None:
+        return stacks, missing()
+    for rank in here:
+        pid = world.identities[rank]["pid"]
+        note = note or refusal(pid)
+        pids[rank] = pid
+    if note:
+        return stacks, note
+    dumps = read(tool, list(pids.values()), timeout=timeout) if pids else {}
     for rank, pid in pids.items():
         stacks[rank] = _parse(rank, pid, *dumps[pid]) if pid in dumps else \
             NativeStack(rank, note=f"py-spy did not answer within {timeout:g} s")
-    refused = [stack.note for stack in stacks.values() if stack.note.startswith("no native frames")]
+    refused = [stacks[rank].note for rank in pids if stacks[rank].note.startswith("no native frames")]
     return stacks, refused[0] if refused and len(refused) == len(pids) else ""
+
+
+def _asked(world, ranks, wait):
+    """The native stacks of *ranks* (on other hosts) that their roll-call threads sent within *wait* s; one that
+    did not answer is said to hold its GIL."""
+    answers = world.channel.native(ranks, ("native", next(_asking)), wait) if world.channel is not None else {}
+    stacks = {}
+    for rank in ranks:
+        host = world.identities.get(rank, {}).get("host", "another host")
+        if rank in answers:
+            frames, note = answers[rank]
+            stacks[rank] = NativeStack(rank, frames=frames, note=f"on {host}: {note}" if note else "")
+        else:
+            stacks[rank] = NativeStack(rank, note=f"on {host}: it did not answer within {wait:g} s (its main "
+                                                  "thread holds the GIL in C, so its roll call cannot run py-spy)")
+    return stacks
+
+
+_asking = itertools.count()
+ASK_WAIT = 3.0  # seconds the ranks on other hosts get to read themselves
 
 
 def read(tool, pids, *, timeout=TIMEOUT):
@@ -135,8 +149,8 @@ def read(tool, pids, *, timeout=TIMEOUT):
                 if pid in held:
                     _signal(pid, signal.SIGCONT)
                 out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-                running[pid] = (subprocess.Popen([tool, "dump", "--native", "--json", "--pid", str(pid)], stdout=out,
-                                                 stderr=err, stdin=subprocess.DEVNULL), out, err)
+                running[pid] = (subprocess.Popen(command(tool, pid), stdout=out, stderr=err, stdin=subprocess.DEVNULL),
+                                out, err)
             for pid, (process, out, err) in list(running.items()):
                 if process.poll() is None:
                     continue
@@ -183,26 +197,8 @@ def _signal(pid, number):
 
 
 def _parse(rank, pid, out, err, code):
-    """The main thread of py-spy's ``--json`` dump of *pid*."""
-    text = err.decode(errors="replace").strip()
-    if code != 0 or not out.strip():
-        if "ermission" in text or "not permitted" in text:
-            return NativeStack(rank, note=f"no native frames: py-spy may not ptrace the ranks ({text.splitlines()[-1]})"
-                                          ": sudo sysctl kernel.yama.ptrace_scope=1, or run the kernel with "
-                                          "CAP_SYS_PTRACE")
-        last = text.splitlines()[-1] if text else f"exit code {code}"
-        return NativeStack(rank, note=f"py-spy could not read it: {last}")
-    try:
-        threads = json.loads(out)
-    except ValueError:
-        return NativeStack(rank, note="py-spy's output could not be read")
-    main = next((thread for thread in threads if thread.get("os_thread_id") == pid), None) or \
-        next((thread for thread in threads if thread.get("thread_name") == "MainThread"), None) or \
-        (threads[0] if threads else {})
-    frames = [(frame.get("name") or "?", frame.get("filename") or "", frame.get("line") or 0,
-               os.path.basename(frame["module"]) if frame.get("module") else None)
-              for frame in main.get("frames", [])]
-    return NativeStack(rank, frames=frames)
+    frames, note = parse(pid, out, err, code)
+    return NativeStack(rank, frames=frames, note=note)
 
 
 def _read_int(path):

@@ -13,13 +13,14 @@ def stacks(world, ranks, code=""):
     Python and native merged; ranks whose stacks read the same are shown once under one label. *code* is the
     running cell's source (its lines are quoted). Python frames only (faulthandler's), after one line saying why,
     where py-spy cannot be run."""
-    native, note = py_spy.capture(world, ranks)
-    # the file each rank's cell was compiled as, from its stack file's notes: py-spy's frames say the rest
-    python = {rank: _cell_of(world, rank) for rank, stack in native.items() if stack.frames}
-    others = [rank for rank in ranks if rank not in python]
     # ranks elsewhere are asked through the cell channel, whose socket the running cell's loop owns meanwhile (this
     # runs on another thread then): asked only between cells
     busy = world.state not in (State.IDLE, State.DEAD)
+    native, note = py_spy.capture(world, ranks, elsewhere=not busy)
+    # the file each rank's cell was compiled as, from its stack file's notes: py-spy's frames say the rest
+    python = {rank: _cell_of(world, rank) for rank, stack in native.items() if stack.frames and
+              not world.is_remote(rank)}
+    others = [rank for rank in ranks if rank not in python]
     asked = [rank for rank in others if not (busy and world.is_remote(rank))]
     python.update(capture_stacks(world, asked) if asked else {})
     for rank in others:
