@@ -135,12 +135,18 @@ ASK_WAIT = 3.0  # seconds the ranks on other hosts get to read themselves
 
 
 def read(tool, pids, *, timeout=TIMEOUT):
-    """``{pid: (stdout, stderr, exit code)}`` of ``py-spy dump --native --json`` on each of *pids*, as many at once
-    as there are cores. Ranks waiting in MPI spin (MPICH polls): eight of them on two cores leave a py-spy a
-    tenth of a core, so the ranks not being read are stopped (``SIGSTOP``) meanwhile, and every rank stopped
-    here is continued before this returns. A py-spy still running after *timeout* s is killed, its pid left out."""
-    held = _stop(pids)
-    width, pending, running, done = max(os.cpu_count() or 1, 1), list(pids), {}, {}
+    """``{pid: (stdout, stderr, exit code)}`` of ``py-spy dump --native --json`` on each of *pids*. A py-spy still
+    running after *timeout* s is killed, its pid left out.
+
+    Ranks waiting in MPI spin (MPICH polls): eight of them on two cores leave a py-spy a tenth of a core. Where
+    Linux groups processes by session for the scheduler (``sched_autogroup_enabled``), each py-spy runs in a session
+    of its own, so it gets a group's share however many ranks spin, and all run at once; elsewhere as many run at
+    once as there are cores, the ranks not being read stopped (``SIGSTOP``) meanwhile. Either way a rank read is
+    stopped until the others are, and every rank stopped here is continued before this returns."""
+    grouped = _read_int("/proc/sys/kernel/sched_autogroup_enabled") == 1
+    held = [] if grouped else _stop(pids)
+    width = len(pids) if grouped else max(os.cpu_count() or 1, 1)
+    pending, running, done = list(pids), {}, {}
     deadline = time.monotonic() + timeout
     try:
         while (pending or running) and time.monotonic() < deadline:
@@ -149,14 +155,16 @@ def read(tool, pids, *, timeout=TIMEOUT):
                 if pid in held:
                     _signal(pid, signal.SIGCONT)
                 out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-                running[pid] = (subprocess.Popen(command(tool, pid), stdout=out, stderr=err, stdin=subprocess.DEVNULL),
-                                out, err)
+                running[pid] = (subprocess.Popen(command(tool, pid), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                                 start_new_session=True), out, err)
             for pid, (process, out, err) in list(running.items()):
                 if process.poll() is None:
                     continue
                 del running[pid]
                 if pid in held:
                     _signal(pid, signal.SIGSTOP)
+                else:
+                    held += _stop([pid])
                 out.seek(0)
                 err.seek(0)
                 done[pid] = (out.read(), err.read(), process.returncode)
