@@ -1,5 +1,5 @@
 """Native stacks: how long ``%mpi stacks`` takes to read every rank's Python and native frames with py-spy (one
-py-spy per rank, as many at once as there are cores), against mpinb's Python-only capture (faulthandler dumps) of the same ranks.
+py-spy per rank, ``native/py_spy.read``), against mpinb's Python-only capture (faulthandler dumps) of the same ranks.
 
     python benchmarks/native_stacks.py [--reps 5] [--markdown benchmarks/RESULTS.md]
 
@@ -78,8 +78,9 @@ def main():
                     f"{GOAL:g} s | {'yes' if native <= GOAL else 'no'} |")
     header = (f"{MARK}\n## Native stacks\n\n`python benchmarks/native_stacks.py --reps {args.reps}`, "
               f"{time.strftime('%Y-%m-%d')}, on {platform.node()}: {os.cpu_count()} cores: every rank but the last "
-              "in `comm.Barrier()` (MPICH's ranks spin there), medians; one py-spy per rank, as many at once as there "
-              "are cores, the ranks not being read stopped meanwhile; the ratio is that against mpinb's faulthandler "
+              "in `comm.Barrier()` (MPICH's ranks spin there), medians; one py-spy per rank, each in a session of its "
+              "own, all at once (as many as cores where the scheduler does not group by session); the ratio is that "
+              "against mpinb's faulthandler "
               f"capture (Python frames only) of the same ranks in the same run ({load.summary()}).\n\n")
     publish(header + "\n".join(rows) + f"\n{MARK}", args.markdown, MARK)
 
