@@ -231,7 +231,7 @@ def test_the_table_has_a_hash_column_per_rank_in_its_colour_with_differences_mar
     widget = who_widget(rows)
     assert widget.rows is rows and widget.value == who_html(rows)
     for rank in range(4):
-        assert f"color:{rank_color(rank)}'>rank {rank}</th>" in widget.value
+        assert f"background:{rank_color(rank)}" in widget.value and f"<b>rank {rank}</b></span></th>" in widget.value
     w = next(row for row in rows if row["name"] == "w")
     w_html = next(part for part in widget.value.split("<tr") if "<b>w</b>" in part)
     assert "background:#fdecea" in w_html and w_html.count("color:#c62828;font-weight:bold") == 2

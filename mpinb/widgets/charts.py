@@ -14,7 +14,7 @@ from traittypes import Array
 
 from ..wire.kinds import DEFAULT_RUN
 from ..wire.ranks import label_ranks
-from .colors import TEXT, chip_style, identical_groups, rank_color, stacked_widths
+from .colors import TEXT, identical_groups, rank_color, rank_label, stacked_widths
 from .decimation import decimate
 from .summary import summary_html
 
@@ -367,8 +367,8 @@ def draw_histograms(figure, histograms, *, legend=None):
 def histogram_legend(ranks, identical=()):
     """A one-line colour key of *ranks* (HTML), for beside a histogram figure; *identical*: groups of ranks whose
     histograms are the same, said after the key."""
-    key = "".join(f"<span style='{chip_style(rank)};margin-right:6px;font-size:12px;color:{rank_color(rank)}'>"
-                  f"&#9632; rank {rank}</span>" for rank in ranks)
+    key = "".join(f"<span style='margin-right:10px;font-size:12px'>{rank_label(rank, f'rank {rank}')}</span>"
+                  for rank in ranks)
     same = "".join(f"<span style='font-size:12px;margin-left:4px'>"
                    f"{'every rank' if len(group) == len(ranks) else label_ranks(group)} identical "
                    "(nested bands)</span>" for group in identical)

@@ -7,8 +7,10 @@ come from the theme: coloured text is the hue mixed with the theme's text colour
 semi-transparent tint over whatever background the theme draws, and muted text is the theme's text colour, part
 transparent. Where JupyterLab's variables are missing (an HTML export, a plain browser) their fallbacks are those of
 the Light theme; a renderer without ``color-mix`` reads the plain colour written before it (:data:`FALLBACKS`, each
-readable on white and on the tints). A rank keeps its exact chart colour in tables, on a chip of its own (black or
-white, whichever it reads on) that no theme changes.
+readable on white and on the tints). In tables a rank is its number in the theme's text colour after a swatch of
+its exact chart colour, ringed so that it shows on any page: every rank looks alike but for its hue, so none reads
+as flagged (a rank's coloured number on a chip of black or white, whichever it read on, made rank 1's orange on black
+look marked next to rank 0's blue on white).
 """
 
 PALETTE = [
@@ -28,30 +30,23 @@ FALLBACKS = {"error": "#c62828", "ok": "#1b5e20", "warn": "#a84300", "muted": "#
 FLAG_TINT = ((229, 57, 53), 0.16)  # a row that needs a look: rgb and alpha over the theme's background
 QUIET_TINT = ((128, 128, 128), 0.14)  # a row that differs by design
 TINT_FALLBACKS = {"flag": "#fdecea", "quiet": "#f3f4f8"}
-_BLACK, _WHITE = "#000000", "#ffffff"
 
 
 def rank_color(rank):
     return PALETTE[rank % len(PALETTE)]
 
 
-def rank_chip(rank):
-    """The background a rank's colour reads on, whatever the theme: black or white."""
-    colour = _rgb(rank_color(rank))
-    return _WHITE if _contrast(colour, (255, 255, 255)) >= _contrast(colour, (0, 0, 0)) else _BLACK
+def swatch(rank):
+    """A small square of *rank*'s chart colour (HTML), with a grey ring that shows it on a white page and on a
+    black one: the key from a rank's number to its curves."""
+    return ("<span style='display:inline-block;width:.7em;height:.7em;border-radius:2px;vertical-align:-.05em;"
+            f"margin-right:.35em;background:{rank_color(rank)};box-shadow:0 0 0 1px rgba(128,128,128,.6)'></span>")
 
 
 def rank_label(rank, text=None):
-    """*text* (the rank's number) in bold in the rank's chart colour, on its chip: HTML."""
+    """*text* (the rank's number) in bold, in the theme's text colour, after the rank's :func:`swatch`: HTML."""
     text = str(rank) if text is None else text
-    return (f"<span style='{chip_style(rank)}'><b style='color:{rank_color(rank)}'>{text}</b></span>")
-
-
-def chip_style(rank):
-    """CSS for an element holding text in *rank*'s colour: its chip (with a hairline that shows a white chip on a
-    white page and a black one on a black page)."""
-    return (f"background:{rank_chip(rank)};border-radius:3px;padding:0 4px;"
-            "box-shadow:0 0 0 1px rgba(128,128,128,.45)")
+    return f"<span style='white-space:nowrap'>{swatch(rank)}<b>{text}</b></span>"
 
 
 def color(kind):
@@ -97,22 +92,3 @@ def stacked_widths(histograms, base=1.5, step=2.0, widest=9.0):
         for position, rank in enumerate(ranks):
             widths[rank] = base + gap * (len(ranks) - 1 - position)
     return widths
-
-
-def _rgb(hex_colour):
-    hex_colour = hex_colour.lstrip("#")
-    return tuple(int(hex_colour[i:i + 2], 16) for i in (0, 2, 4))
-
-
-def _luminance(rgb):
-    def channel(value):
-        value /= 255
-        return value / 12.92 if value <= 0.04045 else ((value + 0.055) / 1.055) ** 2.4
-
-    r, g, b = (channel(v) for v in rgb)
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def _contrast(a, b):
-    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
-    return (high + 0.05) / (low + 0.05)

@@ -8,7 +8,7 @@ import html
 from collections import Counter
 
 from ..wire.ranks import format_ranks, label_ranks
-from .colors import WRAP, chip_style, color, rank_color, tint
+from .colors import WRAP, color, rank_label, tint
 from .text import aligned
 
 BY_DESIGN = frozenset({"rank"})
@@ -172,8 +172,7 @@ def who_html(rows):
     ranks = sorted({rank for row in rows for rank in [*row["ranks"], *row["missing_on"]]})
     cell = "text-align:left;padding:0 12px 0 0;white-space:nowrap"
     head = "".join(f"<th style='{cell}'>{h}</th>" for h in ("name", "type", "shape", "dtype", "value"))
-    head += "".join(f"<th style='{cell};{chip_style(rank)};color:{rank_color(rank)}'>rank {rank}</th>"
-                    for rank in ranks)
+    head += "".join(f"<th style='{cell}'>{rank_label(rank, f'rank {rank}')}</th>" for rank in ranks)
     head += f"<th style='{cell}'>notes</th>"
     body = []
     for row in rows:
