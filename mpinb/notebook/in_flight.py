@@ -310,7 +310,7 @@ class InFlight:
         result, timeout = self.result, self.settings.timeout
         # where in C the ranks that did not answer are, read while they still are (py-spy, when it can be run)
         result.native = native.for_unanswered(self.world, [rank for rank in self.ranks if rank not in self.replies
-                                                           and rank in result.stacks])
+                                                           and rank in result.stacks], result.stacks)
         for rank in self.ranks:
             reply = self.replies.get(rank)
             if reply is None:

@@ -131,7 +131,7 @@ def _asked(world, ranks, wait):
 
 
 _asking = itertools.count()
-ASK_WAIT = 3.0  # seconds the ranks on other hosts get to read themselves
+ASK_WAIT = 2.0  # seconds the ranks on other hosts get to read themselves (py-spy takes about 0.2 s)
 
 
 def read(tool, pids, *, timeout=TIMEOUT):

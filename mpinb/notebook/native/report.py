@@ -60,9 +60,14 @@ def _cell_of(world, rank):
     return parse(text, len(text), rank)
 
 
-def for_unanswered(world, ranks):
+def for_unanswered(world, ranks, stacks=None):
     """``{rank: NativeStack}`` of *ranks* that did not answer the interrupt (empty where py-spy cannot be run):
-    read before the world is ended or restarted, while they are still where they were stuck."""
+    read before the world is ended or restarted, while they are still where they were stuck. A rank on another
+    host whose roll call gave no Python stack (*stacks*, when the cell was stopped) holds its GIL: it is not
+    asked again."""
+    silent = [rank for rank in ranks if world.is_remote(rank) and stacks is not None and
+              not getattr(stacks.get(rank), "frames", None)]
+    ranks = [rank for rank in ranks if rank not in silent]
     if not ranks:
         return {}
     native, _ = py_spy.capture(world, ranks)
