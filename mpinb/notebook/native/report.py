@@ -42,7 +42,7 @@ def stacks(world, ranks, code=""):
     lines = [f"[mpinb] {note}"] if note else []
     for (head, body), members in groups.items():
         verb = "is" if len(members) == 1 else "are"
-        lines.append(f"{label_ranks(members)} {verb} {head}" + (":" if body else ""))
+        lines.append(f"{label_ranks(members)} {verb} {head}")  # its frames, if any, indented below
         if body:
             lines.append(body)
     return "\n".join(lines)
