@@ -36,6 +36,7 @@ LIBRARIES = (
     (re.compile(r"gloo"), "gloo"),
     (re.compile(r"nccl"), "NCCL"),
     (re.compile(r"^lib(torch|c10)"), "PyTorch"),
+    (re.compile(r"^lib(fabric|ucp|ucs|uct|psm2?)\b"), "MPI's network layer"),  # what MPI waits in across hosts
     (re.compile(r"^lib(c|pthread)[.-]"), "libc"),  # its own functions unnamed (a lock's, stripped)
 )
 # (pattern on a native function's name or a Python file, what called the place): innermost first
