@@ -121,3 +121,49 @@ class DebugClient:
     def close(self):
         self.closing = True
         self.reader.join(timeout=2)
+
+
+class Panel:
+    """What JupyterLab's debugger panel shows of a stop, kept as its debugger service keeps it (JupyterLab 4's
+    ``@jupyterlab/debugger`` service and call-stack model), so that a test sees what its user sees.
+
+    A ``continued`` event clears the call stack and the variables. A ``stopped`` one fetches the stopped thread's
+    frames; the frame shown stays the one shown before when the new frames hold one with the same source path and
+    id, and only otherwise becomes the first of them: its scopes and their variables are fetched only then. A
+    debugger that hands out the same ids at every stop thus leaves the panel on the last stop's frame, line and
+    variables while its call stack lists the new ones."""
+
+    def __init__(self, dap):
+        self.dap = dap
+        self.frames, self.frame, self.scopes = [], None, {}
+
+    def stop(self, timeout=60):
+        """Take the events up to the next ``stopped`` one as the panel does; that event's body (``None`` when
+        nothing stopped within *timeout* seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = self.dap.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if event.get("event") == "continued":
+                self.frames, self.frame, self.scopes = [], None, {}
+            elif event.get("event") == "stopped":
+                self._frames(event["body"]["threadId"])
+                return event["body"]
+
+    def _frames(self, thread):
+        frames = self.dap.request("stackTrace", threadId=thread)["body"]["stackFrames"]
+        key = _frame_key(self.frame) if self.frame is not None else ""
+        self.frames = frames
+        if not any(_frame_key(frame) == key for frame in frames):
+            self.frame = frames[0] if frames else None
+            self.scopes = {}
+            if self.frame is not None:
+                for scope in self.dap.request("scopes", frameId=self.frame["id"])["body"]["scopes"]:
+                    self.scopes[scope["name"]] = self.dap.request(
+                        "variables", variablesReference=scope["variablesReference"])["body"]["variables"]
+
+
+def _frame_key(frame):
+    return f"{(frame.get('source') or {}).get('path')}-{frame.get('id')}"

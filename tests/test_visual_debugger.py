@@ -7,12 +7,13 @@ One kernel and one world of 2 ranks for the module; the debugger is switched on 
 world started, as a user who clicks the bug icon first does."""
 
 import re
+import time
 
 import pytest
 from conftest import leftover_ranks, new_world_tag
 
-from dap_client import DebugClient
-from kernel_session import kernel
+from dap_client import DebugClient, Panel
+from kernel_session import INTERNAL_FRAME, kernel
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 
@@ -187,6 +188,166 @@ def test_stop_and_timeout_while_a_rank_is_stopped(dap):
     after = dap.execute("%%mpi\nprint('alive', rank)")
     assert dap.wait(after, 120)
     assert "[rank 0] alive 0" in text(dap, after) and "[rank 1] alive 1" in text(dap, after), text(dap, after)
+
+
+LOOP = ("%%mpi\ndef f(x):\n    y = x * 2\n    return y - x\ntotal = 0\nfor i in range(5):\n    total += f(i)\n"
+        "print('total', total)")
+# what the panel is asked, from the breakpoint at line 5, and where rank 0 then is (the function, the editor's line)
+STEPS = ["stepIn", "next", "stepIn", "next", "stepOut", "next", "stepIn", "stepOut", "stepIn", "next", "next",
+         "stepIn", "stepIn", "stepIn", "stepIn", "stepIn", "next", "next", "next", "stepIn"]
+PLACES = [("cell", 5), ("cell", 6), ("cell", 7), ("f", 3), ("f", 4), ("cell", 6), ("cell", 7), ("f", 3),
+          ("cell", 6), ("cell", 7), ("cell", 6), ("cell", 7), ("f", 3), ("f", 4), ("cell", 6), ("cell", 7),
+          ("f", 3), ("f", 4), ("cell", 6), ("cell", 8)]  # the last step runs the cell to its end
+
+
+def test_every_stop_shows_the_frame_and_variables_the_rank_is_stopped_in_now(dap):
+    """Seen in JupyterLab: after Step In, Next, Step Out, Next the Variables pane showed the last stop's values
+    and the editor its line. The panel keeps the frame it shows while the new stop lists a frame of the same id
+    (``Panel``), so every stop's ids must be new, and an id of an earlier stop must never reach an old frame."""
+    dap.breakpoints(LOOP, [5])
+    msg_id = dap.execute(LOOP)
+    panel, earlier = Panel(dap), None
+    for number, ((function, line), step) in enumerate(zip(PLACES, STEPS)):
+        stopped = panel.stop()
+        assert stopped is not None, f"no stop {number}"
+        top = panel.frames[0]
+        assert (top["name"], top["line"]) == (f"{function} (rank 0)", line), (number, panel.frames)
+        assert panel.frame == top, (number, "the panel shows", panel.frame, "not", top)
+        ids = {frame["id"] for frame in panel.frames}
+        shown = {variable["name"]: variable["value"] for variable in panel.scopes["Locals"]}
+        names = ["x", "y"] if function == "f" else ["i", "total"]
+        for name in names:
+            if name in shown:
+                answer = dap.request("evaluate", expression=name, frameId=top["id"], context="watch")
+                assert answer["success"] and answer["body"]["result"] == shown[name], (number, name, answer, shown)
+        if function == "cell" and "i" in shown:
+            pair = dap.request("evaluate", expression="(i, total)", frameId=top["id"], context="repl")
+            assert pair["body"]["result"] == f"({shown['i']}, {shown['total']})", (number, pair, shown)
+        if earlier is not None:
+            old_frame, old_scope = earlier
+            assert not ids & {old_frame}, (number, "an id of the last stop came again", ids, old_frame)
+            for command, key, value in (("scopes", "frameId", old_frame),
+                                        ("variables", "variablesReference", old_scope),
+                                        ("evaluate", "frameId", old_frame)):
+                answer = dap.request(command, **{key: value}, expression="total")
+                assert not answer["success"] or not any(answer["body"].values()), (number, command, answer)
+        scope = dap.request("scopes", frameId=top["id"])["body"]["scopes"][0]["variablesReference"]
+        earlier = top["id"], scope
+        assert dap.request(step, threadId=stopped["threadId"])["success"]
+    assert dap.wait(msg_id, 120), "the cell did not end after the last step"
+    assert "[rank 0] total 10" in text(dap, msg_id), text(dap, msg_id)
+    dap.breakpoints(LOOP, [])
+
+
+PREDEFINED = {"MPI", "comm", "rank", "size", "mpi_rank", "mpi_size"}
+
+
+def test_the_users_names_come_first_and_mpinbs_predefined_ones_are_grouped(dap):
+    code = "%%mpi\nalpha = rank + 1\ndef inner(v):\n    w = v\n    return w\nomega = inner(alpha)"
+    dap.breakpoints(code, [5])
+    msg_id = dap.execute(code)
+    stopped = stop(dap)
+    inner, cell = stopped["stack"]
+    scopes = {s["name"]: s["variablesReference"] for s in dap.request("scopes", frameId=inner["id"])["body"]["scopes"]}
+    listed = {name: dap.request("variables", variablesReference=reference)["body"]["variables"]
+              for name, reference in scopes.items()}
+    assert [v["name"] for v in listed["Locals"]] == ["v", "w"], listed["Locals"]
+    globals_ = listed["Globals"]
+    assert not PREDEFINED & {v["name"] for v in globals_}, globals_
+    group = globals_[-1]
+    assert group["name"] == "mpinb (predefined)" and group["variablesReference"], globals_
+    assert "rank 0 of 2" in group["value"], group
+    assert {"alpha", "inner"} <= {v["name"] for v in globals_[:-1]}, globals_
+    children = dap.request("variables", variablesReference=group["variablesReference"])["body"]["variables"]
+    assert {"MPI", "comm", "rank", "size"} <= {v["name"] for v in children} <= PREDEFINED, children
+    assert {v["name"]: v["value"] for v in children}["rank"] == "0"
+    in_cell = dap.request("scopes", frameId=cell["id"])["body"]["scopes"]
+    assert [s["name"] for s in in_cell] == ["Locals"], in_cell
+    names = [v["name"] for v in dap.request("variables", variablesReference=in_cell[0]["variablesReference"])
+             ["body"]["variables"]]
+    assert names[-1] == "mpinb (predefined)" and not PREDEFINED & set(names), names
+    run_to_end(dap, msg_id)
+    dap.breakpoints(code, [])
+
+
+def test_set_variable_changes_the_value_on_the_stopped_rank(dap):
+    code = ("%%mpi\nnumber = 1\nbox = {'a': 1}\ndef twice(n):\n    m = n\n    return m * 2\n"
+            "print('result', number, box['a'], twice(number))")
+    dap.breakpoints(code, [4, 6])
+    msg_id = dap.execute(code)
+    stopped = stop(dap)
+    cell = stopped["stack"][0]
+    names = dap.request("scopes", frameId=cell["id"])["body"]["scopes"][0]["variablesReference"]
+    changed = dap.request("setVariable", variablesReference=names, name="number", value="40 + 2")
+    assert changed["success"] and changed["body"]["value"] == "42", changed
+    box = next(v for v in dap.request("variables", variablesReference=names)["body"]["variables"] if v["name"] == "box")
+    assert dap.request("setVariable", variablesReference=box["variablesReference"], name="'a'",
+                       value="number + 1")["body"]["value"] == "43"
+    assert dap.request("continue", threadId=stopped["threadId"])["success"]
+    inside = stop(dap)["stack"][0]
+    assert inside["name"] == "twice (rank 0)"
+    local = dap.request("scopes", frameId=inside["id"])["body"]["scopes"][0]["variablesReference"]
+    assert dap.request("setVariable", variablesReference=local, name="m", value="m + 100")["body"]["value"] == "142"
+    shown = {v["name"]: v["value"] for v in dap.request("variables", variablesReference=local)["body"]["variables"]}
+    assert shown == {"n": "42", "m": "142"}, shown  # the frame's own variable changed, not a copy of it
+    bad = dap.request("setVariable", variablesReference=local, name="m", value="undefined_name")
+    assert not bad["success"] and "NameError" in bad["message"], bad
+    out = run_to_end(dap, msg_id)
+    assert "[rank 0] result 42 43 284" in out and "[rank 1] result 1 1 2" in out, out
+    dap.breakpoints(code, [])
+
+
+def test_conditional_and_hit_count_breakpoints_stop_only_where_they_hold(dap):
+    code = "%%mpi\nfor i in range(10):\n    square = i * i\nprint('squares done')"
+    path = dap.request("dumpCell", code=code)["body"]["sourcePath"]
+    for point, expected in (({"condition": "i % 4 == 3"}, ["3", "7"]),
+                            ({"hitCondition": "3"}, ["2"]),
+                            ({"hitCondition": ">= 9"}, ["8", "9"]),
+                            ({"hitCondition": "%4"}, ["3", "7"]),
+                            ({"condition": "i % 2 == 1", "hitCondition": "2"}, ["3"])):
+        reply = dap.request("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3, **point}])
+        assert reply["body"]["breakpoints"][0]["verified"], reply
+        msg_id = dap.execute(code)
+        seen, deadline = [], time.monotonic() + 120
+        while not dap.idle[msg_id].is_set() and time.monotonic() < deadline:
+            stopped = dap.event("stopped", timeout=0.5)
+            if stopped is None:
+                continue
+            frame = dap.request("stackTrace", threadId=stopped["body"]["threadId"])["body"]["stackFrames"][0]
+            if stopped["body"]["threadId"] == RANK_THREAD:  # (rank 1, stopped too, is shown once rank 0 ended)
+                seen.append(dap.request("evaluate", expression="i", frameId=frame["id"])["body"]["result"])
+            assert dap.request("continue", threadId=stopped["body"]["threadId"])["success"]
+            if len(seen) > len(expected):
+                break
+        assert dap.wait(msg_id, 120) and text(dap, msg_id).count("squares done") == 2, text(dap, msg_id)
+        assert seen == expected, (point, seen)
+    dap.breakpoints(code, [])
+    once = "%%mpi\nvalue = 1\nprint('once')"
+    path = dap.request("dumpCell", code=once)["body"]["sourcePath"]
+    dap.request("setBreakpoints", source={"path": path}, breakpoints=[{"line": 3, "condition": "value +"}])
+    msg_id = dap.execute(once)
+    stopped = stop(dap)  # a condition that cannot be evaluated stops, and says why, as debugpy does
+    assert "condition" in stopped["description"] and "SyntaxError" in stopped["description"], stopped
+    assert "once" in run_to_end(dap, msg_id)
+    dap.breakpoints(once, [])
+
+
+def test_stop_while_a_rank_is_paused_in_the_panel_says_where_it_was_paused(dap):
+    code = "%%mpi\nimport time\nstep = 1\ndef wait_here():\n    return step\nwait_here()"
+    dap.breakpoints(code, [5])
+    msg_id = dap.execute(code)
+    stop(dap)
+    dap.session.stop_button()
+    assert dap.wait(msg_id, 120), "Stop did not end a cell whose rank was paused in the debugger"
+    out = text(dap, msg_id)
+    # both ranks wait at the breakpoint (rank 1 for rank 0, which the panel shows)
+    assert "[mpinb]   ranks 0-1: paused in the debugger at cell line 5" in out, out
+    assert "ranks 0-1: KeyboardInterrupt: interrupted while paused in the debugger at cell line 5" in out, out
+    assert "bdb.py" not in out and "dispatch_line" not in out, out
+    assert not [line for line in out.splitlines() if INTERNAL_FRAME.search(line)], out
+    dap.breakpoints(code, [])
+    after = dap.execute("%%mpi\nprint('alive', rank)")
+    assert dap.wait(after, 120) and "[rank 1] alive 1" in text(dap, after), text(dap, after)
 
 
 def test_ordinary_cells_keep_the_kernels_own_debugger(dap):

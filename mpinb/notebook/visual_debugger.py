@@ -9,7 +9,10 @@ cell (:class:`~mpinb.wire.kinds.DebugSetup`); requests that name a rank's thread
 cells debug as before. The panel shows one rank at a time: the chosen one (``%mpi debug --rank R``, rank 0
 unless chosen) when it stops, else, after :data:`CHOSEN_WAIT` seconds, the first other rank that stopped. The
 other stopped ranks wait, and go on whenever the shown rank does; none waits past the end of its cell, or past
-the moment the debugger is switched off.
+the moment the debugger is switched off. When the shown rank goes on, the panel is told (a ``continued`` event,
+as debugpy sends) before the rank is: JupyterLab then clears its call stack and variables, and shows the next
+stop afresh, never a frame of the last one. A breakpoint's ``condition`` and ``hitCondition`` travel with its
+line (``(line, condition, hitCondition)``), for the rank to decide.
 
 What this uses of ipykernel and debugpy beyond their documented protocols is here only: ``kernel.debugger``
 with ``process_request``, ``event_callback``, ``is_started``, ``stopped_threads`` and ``breakpoint_list``;
@@ -103,7 +106,7 @@ class VisualDebugger:
         self.forward = debugger.process_request
         debugger.process_request = self.process_request
         self.rank = 0  # the rank the panel shows (%mpi debug --rank R)
-        self.breakpoints = {}  # the kernel's path for a %%mpi cell -> its breakpoints' lines (the editor's)
+        self.breakpoints = {}  # the kernel's path for a %%mpi cell -> its breakpoints (_breakpoint's), by line
         self.filters = ()
         self.lock = threading.Lock()
         self.answers = {}  # DebugCommand seq -> concurrent.futures.Future of its DebugAnswer
@@ -121,7 +124,7 @@ class VisualDebugger:
             self.control.add_callback(self._skip_mpinb)
         for path, points in dict(getattr(debugger, "breakpoint_list", {})).items():  # set before mpinb loaded
             if _is_mpi_cell(path):
-                self.breakpoints[path] = sorted({point["line"] for point in points})
+                self.breakpoints[path] = _breakpoints(points)
 
     def _pre_run_cell(self, info):
         self.raw_cell = info.raw_cell or ""
@@ -147,7 +150,7 @@ class VisualDebugger:
         from ipykernel.compiler import get_file_name
 
         path = get_file_name(self.raw_cell)
-        lines = tuple(line for line in self.breakpoints.get(path, ()) if line > 1)
+        lines = tuple(point for point in self.breakpoints.get(path, ()) if _line(point) > 1)
         return DebugSetup(path, 0, lines, tuple(self.filters))
 
     # the protocol, from the control thread
@@ -186,9 +189,12 @@ class VisualDebugger:
 
     def _set_breakpoints(self, message, arguments):
         path = arguments["source"]["path"]
-        lines = sorted({point["line"] for point in arguments.get("breakpoints") or []})
-        self.breakpoints[path] = lines
-        self.debugger.breakpoint_list[path] = [{"line": line} for line in lines]  # debugInfo lists them
+        self.breakpoints[path] = _breakpoints(arguments.get("breakpoints") or [])
+        lines = [_line(point) for point in self.breakpoints[path]]
+        self.debugger.breakpoint_list[path] = [  # debugInfo lists them
+            {"line": line, **({} if isinstance(point, int) else
+                              {key: value for key, value in zip(("condition", "hitCondition"), point[1:]) if value})}
+            for line, point in zip(lines, self.breakpoints[path])]
         points = [{"verified": line > 1, "line": line, "source": {"path": path},
                    **({} if line > 1 else {"message": "the %%mpi line runs in the kernel, not on the ranks"})}
                   for line in lines]
@@ -215,6 +221,8 @@ class VisualDebugger:
             seq, future = next(self.numbers), concurrent.futures.Future()
             self.answers[seq] = future
             if command in RESUMING:  # it goes on: the panel shows it no more, the ranks waiting with it go on
+                if rank == self.shown:  # told before the rank goes on, so before its next stop
+                    self._event("continued", {"threadId": debug_ids.thread_id(rank), "allThreadsContinued": False})
                 self._resumed(rank)
             self.channel.post(rank, DebugCommand(seq, command, arguments))
         try:
@@ -344,6 +352,20 @@ def _name_mpi_cells_apart(shell):
 
     get_code_name.mpinb = True
     compiler.get_code_name = get_code_name
+
+
+def _breakpoints(points):
+    """DAP's source breakpoints as they travel to the ranks, by line: a line, or ``(line, condition, hitCondition)``
+    for one with either (``rank/visual_debugger.py`` decides them where it runs)."""
+    chosen = {}
+    for point in points:
+        condition, hit = point.get("condition") or None, point.get("hitCondition") or None
+        chosen[int(point["line"])] = (int(point["line"]), condition, hit) if condition or hit else int(point["line"])
+    return [chosen[line] for line in sorted(chosen)]
+
+
+def _line(point):
+    return point if isinstance(point, int) else point[0]
 
 
 def _is_mpi_cell(path):

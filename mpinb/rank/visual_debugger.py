@@ -7,11 +7,19 @@ the rank's other threads are never traced). Where it stops, it says so (:class:`
 and answers the panel's requests (:class:`~mpinb.wire.kinds.DebugCommand`, handed over by the roll-call thread)
 until one resumes it. Frames of the cell are named by the kernel's path for the cell and its lines, so that the
 panel shows them in the cell; frames of mpinb's own code are never shown. Ids are those of
-``wire/debug_ids.py``. The Stop button interrupts a stopped rank as it does a running one.
+``wire/debug_ids.py``, and each stop hands out new ones: JupyterLab keeps showing the frame it showed while the
+new stop lists a frame of the same id, so ids that came again left its editor and Variables pane on the last
+stop; an id of an earlier stop is refused, never resolved to what it named then.
+
+The names mpinb predefines on a rank (:data:`PREDEFINED`) are listed after the user's own, under one entry.
+A breakpoint of the setup may be a line or ``(line, condition, hitCondition)`` (DAP's, as debugpy reads them).
+The Stop button interrupts a stopped rank as it does a running one; the error then says where it was paused,
+without the debugger's frames.
 """
 
 import bdb
 import builtins
+import itertools
 import linecache
 import os
 import queue
@@ -30,6 +38,12 @@ armed = True  # False once the debugger was switched off during the running cell
 cell_paths = {}  # file a cell was compiled as here -> (the kernel's path for it, line offset)
 stopped = False  # whether this rank waits in the visual debugger now
 RESUMING = ("continue", "next", "stepIn", "stepOut")
+# what a rank's namespace holds that mpinb put there (rank/world.py, and ipyparallel's MPI engines), not the user
+PREDEFINED = ("MPI", "comm", "rank", "size", "mpi_rank", "mpi_size")
+GROUP = "mpinb (predefined)"  # the entry they are listed under, after the user's own names
+_ids = itertools.count()  # every reference this rank hands out, over all stops: never the same twice in a row
+_IDS = debug_ids.thread_id(1) - debug_ids.thread_id(0) - 1  # local ids a rank has (encode's 1.._IDS), counted round
+_CO_OPTIMIZED = 0x1  # a function's code: its frame's variables live in slots that f_locals only copies
 SHOWN_ITEMS = 300  # children of one value listed at most
 _repr = reprlib.Repr()
 _repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxdict = 200, 200, 20, 20
@@ -63,6 +77,65 @@ def mpinb_frame(frame):
     return frame.f_code.co_filename.startswith(_MPINB)
 
 
+class Breakpoint:
+    """One breakpoint's *line*, its *condition* (an expression of the frame's names) and *hit* condition (DAP's
+    ``hitCondition``: ``3`` or ``== 3``, ``>= 3``, ``% 3``, as debugpy reads it), and how often it held."""
+
+    def __init__(self, line, condition=None, hit=None):
+        self.line, self.condition, self.hits = int(line), (condition or "").strip(), 0
+        hit = (hit or "").strip()
+        if hit.isdigit():
+            hit = f"== {hit}"
+        elif hit.startswith("%"):
+            hit = f"{hit} == 0"
+        self.hit = hit if not hit or "@HIT@" in hit else f"@HIT@ {hit}"
+
+    def holds(self, frame):
+        """Whether to stop at it in *frame*, and what to say: a condition that cannot be evaluated stops, and says
+        why, as debugpy does (a typo in it must not go unseen)."""
+        if self.condition:
+            try:
+                if not eval(self.condition, frame.f_globals, frame.f_locals):
+                    return False, ""
+            except Exception as exc:  # noqa: BLE001 - the user's expression may raise anything
+                return True, f"the condition {self.condition!r} raised {_describe(exc)}"
+        self.hits += 1
+        if not self.hit:
+            return True, ""
+        try:
+            return bool(eval(self.hit.replace("@HIT@", str(self.hits)), {"__builtins__": {}})), ""
+        except Exception as exc:  # noqa: BLE001
+            return True, f"the hit condition {self.hit!r} raised {_describe(exc)}"
+
+
+def _cut_after(tb, frame):
+    """End traceback *tb* at *frame*'s entry: the debugger's own frames below it are not the user's."""
+    while tb is not None and tb.tb_frame is not frame:
+        tb = tb.tb_next
+    if tb is not None:
+        tb.tb_next = None
+
+
+def paused_in(frames):
+    """Whether a rank whose stack is *frames* (``(file, line, function)``, as ``rank/stacks.py`` dumps them) waits
+    in this debugger for the panel: what the notebook says of a rank it stopped there."""
+    return any(file.endswith(_THIS) and function == _next_request.__name__ for file, _, function in frames)
+
+
+_THIS = os.path.join("mpinb", "rank", "visual_debugger.py")
+
+
+def paused_interrupt(frames):
+    """The KeyboardInterrupt of a rank that was paused in *frames* (innermost first) when Stop was pressed."""
+    place = "a frame of no cell"
+    for frame, line in frames:
+        path, offset = cell_paths.get(frame.f_code.co_filename, (None, 0))
+        if path is not None:
+            place = f"cell line {line + offset}"
+            break
+    return KeyboardInterrupt(f"interrupted while paused in the debugger at {place}")
+
+
 class RankDebugger(bdb.Bdb):
     """Runs one cell, stopping at its breakpoints and, with the filters asked for, where an exception is raised
     or where the cell failed; each stop is served by :meth:`serve`."""
@@ -73,8 +146,11 @@ class RankDebugger(bdb.Bdb):
         self.raised = "raised" in setup.filters
         self.failed = bool({"uncaught", "userUnhandled"} & set(setup.filters))
         self.seen = None  # the exception last stopped at (once each, where raised, not at each frame it leaves)
-        for line in setup.lines:
-            self.set_break(filename, line)
+        self.points = {}  # line -> its Breakpoint
+        for entry in setup.lines:
+            point = Breakpoint(*((entry,) if isinstance(entry, int) else tuple(entry)))
+            self.points[point.line] = point
+            self.set_break(filename, point.line)
 
     def run_cell(self, code, namespace):
         """``exec(code, namespace)`` under the debugger: stop only at breakpoints (and exceptions) until told to
@@ -90,6 +166,9 @@ class RankDebugger(bdb.Bdb):
         except BaseException as exc:
             if self.failed and not isinstance(exc, (KeyboardInterrupt, bdb.BdbQuit)):
                 self._post_mortem(exc)
+            if getattr(exc, "paused_in", None) is not None:
+                _cut_after(exc.__traceback__, exc.paused_in)
+                exc.paused_in = None
             raise
         finally:
             sys.settrace(None)
@@ -115,9 +194,17 @@ class RankDebugger(bdb.Bdb):
             return self.trace_dispatch
         return super().dispatch_exception(frame, arg)
 
+    def dispatch_line(self, frame):
+        """bdb's, but each breakpoint's condition and hit count decided here, once for each time its line runs,
+        stepping or not, as debugpy counts them."""
+        point = self.points.get(frame.f_lineno) if frame.f_code.co_filename == self.filename else None
+        holds, why = point.holds(frame) if point is not None else (False, "")
+        if armed and (holds or self.stop_here(frame)):
+            self.serve(frame, "breakpoint" if holds else "step", why)
+        return self.trace_dispatch
+
     def user_line(self, frame):
-        if armed:
-            self.serve(frame, "breakpoint" if self.break_here(frame) else "step", "")
+        pass  # stops are decided in dispatch_line
 
     def user_call(self, frame, argument_list):
         pass  # a step into a function stops at its first line, not at its call
@@ -141,7 +228,14 @@ class RankDebugger(bdb.Bdb):
 
     def serve(self, frame, reason, text):
         """Stop at *frame* until the panel resumes this rank, then go on as it asked."""
-        command = serve(self._frames(frame), reason, text)
+        frames = self._frames(frame)
+        try:
+            command = serve(frames, reason, text)
+        except KeyboardInterrupt:  # Stop pressed while paused: said where (run_cell leaves this debugger's frames)
+            sys.settrace(None)
+            interrupt = paused_interrupt(frames)
+            interrupt.paused_in = frame
+            raise interrupt from None
         self._resume(command, frame)
 
     def _resume(self, command, frame):
@@ -226,16 +320,25 @@ class Stop:
 
     def __init__(self, frames):
         self.frames = frames
-        self.references = [None]  # index: a local id
+        self.references = {}  # local id -> the frame, scope or value it names, this stop only
+        self.given = {}  # id() of what was named -> its reference: asked twice in a stop, named the same
 
     def _reference(self, thing):
-        self.references.append(thing)
-        return debug_ids.encode(rank, len(self.references) - 1)
+        """A reference to *thing*, new at this stop (the rank's count goes on from the last stop's)."""
+        known = self.given.get(id(thing))
+        if known is not None and self.references[debug_ids.local(known)] is thing:
+            return known
+        local = next(_ids) % _IDS + 1
+        self.references[local] = thing
+        self.given[id(thing)] = reference = debug_ids.encode(rank, local)
+        return reference
 
     def _lookup(self, value):
-        if debug_ids.rank_of(value) != rank or not 0 < debug_ids.local(value) < len(self.references):
-            raise ValueError(f"rank {rank} has no debugger reference {value} in this stop")
-        return self.references[debug_ids.local(value)]
+        thing = self.references.get(debug_ids.local(value)) if debug_ids.rank_of(value) == rank else None
+        if thing is None:
+            raise ValueError(f"rank {rank} has no debugger reference {value} in this stop (references hold only "
+                             "while the rank is stopped where they were given)")
+        return thing
 
     def on_threads(self, arguments):
         return {"threads": [{"id": debug_ids.thread_id(rank), "name": f"rank {rank}"}]}
@@ -255,20 +358,50 @@ class Stop:
 
     def on_scopes(self, arguments):
         frame = self._lookup(arguments["frameId"])
-        if frame.f_locals is frame.f_globals:  # the cell itself: its variables are the rank's namespace
-            return {"scopes": [_scope("Locals", self._reference(_Names(frame.f_globals, cell=True)))]}
-        return {"scopes": [_scope("Locals", self._reference(_Names(frame.f_locals))),
-                           _scope("Globals", self._reference(_Names(frame.f_globals, cell=True)))]}
+        if not frame.f_code.co_flags & _CO_OPTIMIZED:  # the cell itself: its variables are the rank's namespace
+            return {"scopes": [_scope("Locals", self._reference(self._scope(frame, "globals")))]}
+        return {"scopes": [_scope("Locals", self._reference(self._scope(frame, "locals"))),
+                           _scope("Globals", self._reference(self._scope(frame, "globals")))]}
+
+    def _scope(self, frame, kind):
+        """One :class:`_Scope` per frame and kind in a stop, so that asking twice gives the same reference."""
+        scopes = self.given.setdefault(("scopes", id(frame)), {})
+        return scopes.setdefault(kind, _Scope(frame, kind))
 
     def on_variables(self, arguments):
         thing = self._lookup(arguments["variablesReference"])
-        items = thing.items() if isinstance(thing, _Names) else _children(thing)
+        items = thing.items() if isinstance(thing, (_Scope, _Predefined)) else _children(thing)
         return {"variables": [self._variable(name, value) for name, value in items]}
 
     def _variable(self, name, value):
+        if isinstance(value, _Predefined):
+            return {"name": GROUP, "value": value.text(), "type": "", "variablesReference": self._reference(value)}
         expandable = _expandable(value)
         return {"name": str(name), "value": _text(value), "type": type(value).__name__,
                 "evaluateName": str(name), "variablesReference": self._reference(value) if expandable else 0}
+
+    def on_setVariable(self, arguments):
+        """Change a variable the panel listed (DAP's ``setVariable``): its new value is an expression, run in the
+        frame of its scope (the top frame for what a value holds); the frame's own variable changes, not a copy."""
+        container, name = self._lookup(arguments["variablesReference"]), arguments["name"]
+        frame = container.frame if isinstance(container, (_Scope, _Predefined)) else self.frames[0][0]
+        value = eval(arguments["value"], frame.f_globals, frame.f_locals)
+        if isinstance(container, (_Scope, _Predefined)):
+            container.set(name, value)
+        elif isinstance(container, dict):
+            keys = [key for key in container if repr(key) == name]
+            if not keys:
+                raise KeyError(f"{name} is not a key of this dict")
+            container[keys[0]] = value
+        elif isinstance(container, list):
+            container[int(name)] = value
+        elif hasattr(container, "__dict__") and not hasattr(container, "shape"):
+            setattr(container, name, value)
+        else:
+            raise TypeError(f"a {type(container).__name__}'s items cannot be set from the panel")
+        variable = self._variable(name, value)
+        return {"value": variable["value"], "type": variable["type"],
+                "variablesReference": variable["variablesReference"]}
 
     # evaluate runs what the user typed in the panel's debug console, in the stopped frame, as pdb's ``p`` and
     # ``!`` do: that is what the console is for, on the user's own rank
@@ -278,7 +411,9 @@ class Stop:
         try:
             value = eval(expression, frame.f_globals, frame.f_locals)
         except SyntaxError:  # a statement, typed in the debug console
-            exec(expression, frame.f_globals, frame.f_locals)
+            names = frame.f_locals
+            exec(expression, frame.f_globals, names)
+            _written(frame, names)
             return {"result": "", "variablesReference": 0}
         variable = self._variable(expression, value)
         return {"result": variable["value"], "type": variable["type"],
@@ -316,12 +451,60 @@ class Stop:
     on_stepIn = on_stepOut = on_next
 
 
-class _Names(dict):
-    """A scope's variables: a namespace, without what IPython and mpinb put in a rank's (``In``, ``_i3``)."""
+class _Scope:
+    """A frame's ``locals`` or ``globals``, read when the panel asks (a statement typed in its console shows).
+    The globals are a rank's namespace: without what IPython puts there (``In``, ``_i3``), the user's names first,
+    then mpinb's (:data:`PREDEFINED`) under one entry."""
 
-    def __init__(self, namespace, *, cell=False):
-        super().__init__((name, value) for name, value in namespace.items()
-                         if not (cell and _hidden(name, value)))
+    def __init__(self, frame, kind):
+        self.frame, self.kind = frame, kind
+
+    def items(self):
+        if self.kind == "locals":
+            return list(self.frame.f_locals.items())
+        namespace = self.frame.f_globals
+        shown = [(name, value) for name, value in namespace.items()
+                 if name not in PREDEFINED and not _hidden(name, value)]
+        group = _Predefined(self.frame)
+        return shown + ([(GROUP, group)] if group.items() else [])
+
+    def set(self, name, value):
+        if self.kind == "locals":
+            names = self.frame.f_locals
+            names[name] = value
+            _written(self.frame, names)
+        else:
+            self.frame.f_globals[name] = value
+
+
+class _Predefined:
+    """The names mpinb predefines in a rank's namespace, listed apart from the user's."""
+
+    def __init__(self, frame):
+        self.frame = frame
+
+    def items(self):
+        namespace = self.frame.f_globals
+        return [(name, namespace[name]) for name in PREDEFINED if name in namespace]
+
+    def text(self):
+        namespace = self.frame.f_globals
+        names = ", ".join(name for name, _ in self.items())
+        if isinstance(namespace.get("rank"), int) and isinstance(namespace.get("size"), int):
+            return f"rank {namespace['rank']} of {namespace['size']}: {names}"
+        return names
+
+    def set(self, name, value):
+        self.frame.f_globals[name] = value
+
+
+def _written(frame, names):
+    """Keep what was written into *names* (a function frame's ``f_locals``, a copy of its variables before Python
+    3.13) as the frame's own variables: the copy is refreshed, and the write lost, when ``f_locals`` is read next."""
+    if frame.f_code.co_flags & _CO_OPTIMIZED and sys.version_info < (3, 13) and names is not frame.f_globals:
+        import ctypes
+
+        ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
 
 
 _HIDDEN = {"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___", "_mpinb_cell_value"}
