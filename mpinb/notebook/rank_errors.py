@@ -47,7 +47,8 @@ def announce(result, pending, code, timeout, first_failure, replies, printer):
     places = {}  # ranks at the same place are listed once, as identical failures are
     for rank in pending:
         stack = result.stacks.get(rank)
-        places.setdefault(stack.where(code) if stack is not None else "position unknown", []).append(rank)
+        where = _paused(stack, code) or (stack.where(code) if stack is not None else "position unknown")
+        places.setdefault(where, []).append(rank)
     lines = [f"[mpinb] {why}; stopping {label_ranks(pending)}:"]
     lines += [f"[mpinb]   {label_ranks(members)}: {where}" for where, members in places.items()]
     sys.stderr.write("\n".join(lines) + "\n")
@@ -68,12 +69,27 @@ def stopped(result, rank, code, timeout, grace, *, answered):
     else:
         why = "interrupted"
     ename = {"timeout": "Timeout", "interrupt": "KeyboardInterrupt", "failure": "Aborted"}[result.trouble]
+    paused = _paused(stack, code) if result.trouble == "interrupt" else None
+    if paused is not None:  # waiting for the visual debugger's panel, not for the cell's code
+        why, where = f"interrupted while {paused}", ""
     tail = "" if answered else f"; {result.ended}, before it answered the interrupt" if result.ended else \
         f"; did not answer the interrupt within {grace:g} s (stuck in C or MPI)"
     frames = ["Where it was (most recent call last):\n" + stack.text() + "\n"] if stack is not None and stack.frames \
         else []
     natively, below = ("", []) if answered else in_error(result.native.get(rank), stack, code)
-    return {"ename": ename, "evalue": f"{why}, {where}{tail}{natively}", "traceback": frames + below}
+    return {"ename": ename, "evalue": f"{why}{', ' if where else ''}{where}{tail}{natively}",
+            "traceback": frames + below}
+
+
+def _paused(stack, code):
+    """``paused in the debugger at cell line 5`` for a rank that waited in the visual debugger's panel (its
+    frames below the cell's are the debugger's, never shown), else ``None``."""
+    from ..rank.visual_debugger import paused_in
+
+    if stack is None or not paused_in(stack.frames):
+        return None
+    place, _ = stack.line(code)
+    return f"paused in the debugger at {place or 'a frame of no cell'}"
 
 
 def check_deaths(world, ranks, replies, result, code):
