@@ -256,7 +256,7 @@ def test_the_users_names_come_first_and_mpinbs_predefined_ones_are_grouped(dap):
     assert not PREDEFINED & {v["name"] for v in globals_}, globals_
     group = globals_[-1]
     assert group["name"] == "mpinb (predefined)" and group["variablesReference"], globals_
-    assert "rank 0 of 2" in group["value"], group
+    assert group["value"].startswith("rank 0 of 2: ") and group["type"] == "rank 0 of 2", group
     assert {"alpha", "inner"} <= {v["name"] for v in globals_[:-1]}, globals_
     children = dap.request("variables", variablesReference=group["variablesReference"])["body"]["variables"]
     assert {"MPI", "comm", "rank", "size"} <= {v["name"] for v in children} <= PREDEFINED, children

@@ -375,7 +375,9 @@ class Stop:
 
     def _variable(self, name, value):
         if isinstance(value, _Predefined):
-            return {"name": GROUP, "value": value.text(), "type": "", "variablesReference": self._reference(value)}
+            # JupyterLab's tree shows a variable's type beside its name: the group's says whose names they are
+            return {"name": GROUP, "value": value.text(), "type": value.label(),
+                    "variablesReference": self._reference(value)}
         expandable = _expandable(value)
         return {"name": str(name), "value": _text(value), "type": type(value).__name__,
                 "evaluateName": str(name), "variablesReference": self._reference(value) if expandable else 0}
@@ -487,12 +489,14 @@ class _Predefined:
         namespace = self.frame.f_globals
         return [(name, namespace[name]) for name in PREDEFINED if name in namespace]
 
+    def label(self):
+        """``rank 0 of 2``, while ``rank`` and ``size`` are mpinb's still."""
+        rank, size = self.frame.f_globals.get("rank"), self.frame.f_globals.get("size")
+        return f"rank {rank} of {size}" if isinstance(rank, int) and isinstance(size, int) else ""
+
     def text(self):
-        namespace = self.frame.f_globals
         names = ", ".join(name for name, _ in self.items())
-        if isinstance(namespace.get("rank"), int) and isinstance(namespace.get("size"), int):
-            return f"rank {namespace['rank']} of {namespace['size']}: {names}"
-        return names
+        return f"{self.label()}: {names}" if self.label() else names
 
     def set(self, name, value):
         self.frame.f_globals[name] = value
