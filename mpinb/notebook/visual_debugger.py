@@ -106,7 +106,7 @@ class VisualDebugger:
         self.forward = debugger.process_request
         debugger.process_request = self.process_request
         self.rank = 0  # the rank the panel shows (%mpi debug --rank R)
-        self.breakpoints = {}  # the kernel's path for a %%mpi cell -> its breakpoints (_breakpoint's), by line
+        self.breakpoints = {}  # the kernel's path for a %%mpi cell -> its breakpoints as _breakpoints gives them
         self.filters = ()
         self.lock = threading.Lock()
         self.answers = {}  # DebugCommand seq -> concurrent.futures.Future of its DebugAnswer
