@@ -54,9 +54,9 @@ class DebugSetup:
     """What a rank needs for the notebook's visual debugger (JupyterLab's panel) while this cell runs.
 
     *path* is the file the kernel's debugger knows the cell as, whose line *offset* + N is the rank's line N (0:
-    a rank runs a ``%%mpi`` cell a line down, its line 1 the magic's); *lines*: the breakpoints, as lines of the
-    cell as the editor numbers them; *filters*: the panel's exception filters (``raised``, ``uncaught``,
-    ``userUnhandled``)."""
+    a rank runs a ``%%mpi`` cell a line down, its line 1 the magic's); *lines*: the breakpoints, each a line of the
+    cell as the editor numbers it or ``(line, condition, hit condition)`` (either may be ``None``), as the panel
+    set them; *filters*: the panel's exception filters (``raised``, ``uncaught``, ``userUnhandled``)."""
 
     path: str
     offset: int = 0
