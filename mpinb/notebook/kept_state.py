@@ -8,6 +8,7 @@ the kernel is killed, also once the world itself has ended (its reaper is then k
 """
 
 import atexit
+import math
 import os
 import shutil
 import tempfile
@@ -40,6 +41,8 @@ class KeptState:
         self.source = None  # that start's generation: the last one in which every rank finished a cell
         self.sizes = {}  # start -> its number of ranks
         self.taken = {}  # rank -> the last cell of the current start whose snapshot it wrote
+        self.common = 0  # the last cell every rank of the current start wrote a snapshot of
+        self.common_at = -math.inf  # when the notebook learnt it (time.monotonic())
         self._came_up = True  # whether the start of the current generation came up (none yet: nothing pending)
         self._watcher = None  # an ended world's reaper, which removes root if the kernel is killed
 
@@ -53,7 +56,7 @@ class KeptState:
                     shutil.rmtree(self.folder(self.source), ignore_errors=True)
                 self.previous, self.source = self.complete, self.generation
             self.generation += 1
-            self.complete, self.taken = [], {}
+            self.complete, self.taken, self.common, self.common_at = [], {}, 0, -math.inf
         self._came_up = False
         self.sizes[self.generation] = size
         if not self.enabled:
@@ -105,6 +108,16 @@ class KeptState:
     def note_taken(self, rank, cell_id):
         """*rank* wrote its snapshot of cell *cell_id* (a ``Kept`` message)."""
         self.taken[rank] = max(self.taken.get(rank, 0), cell_id)
+        size = self.sizes.get(self.generation)
+        if size and len(self.taken) == size and min(self.taken.values()) > self.common:
+            self.common, self.common_at = min(self.taken.values()), time.monotonic()
+
+    def snapshot_due(self, lag):
+        """Whether the next cell waits for every rank's pending snapshot: the last cell every rank kept is *lag*
+        seconds old or more. Each rank also keeps its own clock; deciding here for all of them at once makes them
+        keep the same cell, which a restore needs (on their own clocks, ranks of a world running cell after cell
+        kept different cells, and a death lost every cell since the last one they had in common)."""
+        return self.enabled and time.monotonic() - self.common_at >= lag
 
     def wait_until_kept(self, channel, ranks, timeout=10.0):
         """With ``snapshot_lag = 0`` (nothing of a finished cell may be lost), wait up to *timeout* seconds until

@@ -118,7 +118,8 @@ class MPIMagics(Magics):
     snapshot_lag = Float(
         10.0, config=True,
         help="Seconds of a rank's work a crash may lose at most: a rank snapshots its variables when idle for 0.2 s "
-             "after a cell, and a cell that comes sooner waits for that snapshot only when the last one is older.")
+             "after a cell, and a cell that comes sooner waits for that snapshot only when the last cell every rank "
+             "kept is older (decided for every rank at once, from the next cell on).")
     keep_widgets = Bool(
         False, config=True,
         help="Keep each view's widget live after its cell ends (zoom, pickers) instead of replacing it by its static "

@@ -60,7 +60,8 @@ class CellRunner:
             source = cell if unchanged else None if source is None else "\n" + source
         options = CellOptions(
             settings=AgentSettings(magics.report_interval, magics.collective_wait or None,
-                                   magics.world.kept_state.last_complete),
+                                   magics.world.kept_state.last_complete,
+                                   magics.world.kept_state.snapshot_due(magics.snapshot_lag)),
             source=source, trace=bool(trace),
             trace_buffer=magics.trace_buffer if trace else None,
             gather=GatherRequest(tuple(gather), self.transport(ranks), self._root(), bool(inspect)) if gather

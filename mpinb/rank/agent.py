@@ -111,7 +111,8 @@ class Agent:
         # snapshot of the user's last cell be; a restore changes it, and is kept as a cell is
         keeps = options.call is None or snapshots.changes_namespace(options.call)
         if self.snapshots is not None and keeps:
-            self.snapshots.wait()  # the last cell's: never of a namespace a cell is changing
+            # the last cell's: never of a namespace a cell is changing
+            self.snapshots.wait(due=options.settings is not None and options.settings.snapshot_due)
         if self.segments is not None and self.rank in options.released:
             self.segments.release(options.released[self.rank])
         if options.settings is not None:  # else a call of mpinb's own: the user's settings stay

@@ -31,11 +31,14 @@ class Call:
 @dataclass(frozen=True)
 class AgentSettings:
     """How a rank's agent behaves from the cell that carries them on: metric batches every *report_interval*
-    seconds; the roll call after *collective_wait* seconds in one collective (``None``: never)."""
+    seconds; the roll call after *collective_wait* seconds in one collective (``None``: never); *snapshot_due*:
+    this cell waits for the rank's pending snapshot (the notebook says so for every rank at once, so that they all
+    keep the same cell)."""
 
     report_interval: float
     collective_wait: float | None
     complete: int | None = None  # the last cell every rank finished: its snapshot is kept (rank/snapshots/)
+    snapshot_due: bool = False
 
 
 @dataclass(frozen=True)

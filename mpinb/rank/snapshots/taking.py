@@ -89,15 +89,16 @@ class Snapshots:
             if self.asleep:  # else it wakes at an earlier due time, and waits on for this one: no wake-up per cell
                 self.lock.notify()
 
-    def wait(self):
+    def wait(self, *, due=False):
         """A cell is about to run: no snapshot may read the namespace while it does. While the last snapshot
-        taken is younger than :attr:`lag` seconds, a pending one is dropped and a running one stopped; older, the
-        cell waits for the pending one to be taken (so a crash loses at most that much of a rank's work, also
-        when cells follow each other with no pause)."""
+        taken is younger than :attr:`lag` seconds, a pending one is dropped and a running one stopped; older, or
+        when the notebook says it is *due* (for every rank at once), the cell waits for the pending one to be
+        taken (so a crash loses at most that much of a rank's work, also when cells follow each other with no
+        pause)."""
         with self.lock:
             if self.pending is None and not self.busy:
                 return
-            if time.monotonic() - self.taken_at >= self.lag:
+            if due or time.monotonic() - self.taken_at >= self.lag:
                 self.due = 0.0
                 self.lock.notify_all()
                 while self.pending is not None or self.busy:
