@@ -93,7 +93,7 @@ for step in range(5000):
         assert len(line.x) <= magics.max_points + 2  # decimated for drawing ...
         assert line.x[-1] == 4999 and line.y[-1] == (rank + 1) * 1000 - 4999  # ... keeping the final value
         assert line.y.max() == (rank + 1) * 1000
-    assert "<b style='color:#ff7f0e'>1</b>" in view.tables.value and ">4999<" in view.tables.value
+    assert "background:#ff7f0e" in view.tables.value and "<b>1</b>" in view.tables.value and ">4999<" in view.tables.value
     assert len(mpinb.metrics()) == 10000
     live = magics.live
     assert live.refreshes <= 2 + live.batches  # redraws follow batches at most, never single reports
