@@ -131,7 +131,7 @@ def _asked(world, ranks, wait):
 
 
 _asking = itertools.count()
-ASK_WAIT = 2.0  # seconds the ranks on other hosts get to read themselves (py-spy takes about 0.2 s)
+ASK_WAIT = 5.0  # s the ranks on other hosts get to read themselves (py-spy: 0.2 s idle, 2 s were too few when busy)
 
 
 def read(tool, pids, *, timeout=TIMEOUT):
