@@ -58,9 +58,12 @@ def test_a_mismatch_names_the_editors_lines(world_of, mpi):
     assert editor_line("--timeout 60", body, int(calls["1"])).strip().startswith("comm.Allreduce("), text
 
 
-def test_a_crash_names_the_editors_line(world_of, mpi):
+def test_a_crash_names_the_editors_line(ip, world_of, mpi):
     world_of(2)
     body = "import ctypes\n\nif rank == 1:\n    ctypes.string_at(0)\ncomm.Barrier()\n"
-    text, _ = failure(mpi, body)
+    try:
+        text, _ = failure(mpi, body)
+    finally:
+        ip.run_line_magic("mpi", "restart --fresh")  # the tests after this one share the shell's world
     number = int(re.search(r"called at cell line (\d+): ctypes\.string_at\(0\)", text)[1])
     assert editor_line("", body, number).strip() == "ctypes.string_at(0)", text
