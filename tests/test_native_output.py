@@ -47,11 +47,14 @@ def test_unicode_split_across_writes_is_decoded_whole(world_of, mpi, capsys):
     assert "\ufffd" not in out
 
 
-def test_what_c_wrote_just_before_a_crash_is_in_the_message(world_of, mpi):
+def test_what_c_wrote_just_before_a_crash_is_in_the_message(ip, world_of, mpi):
     world_of(2)
-    with pytest.raises(RankError) as info:
-        mpi("import ctypes, os\nif rank == 1:\n    os.write(2, b'libfoo: bad descriptor table, giving up\\n')\n"
-            "    ctypes.string_at(0)\ncomm.Barrier()\n")
+    try:
+        with pytest.raises(RankError) as info:
+            mpi("import ctypes, os\nif rank == 1:\n    os.write(2, b'libfoo: bad descriptor table, giving up\\n')\n"
+                "    ctypes.string_at(0)\ncomm.Barrier()\n")
+    finally:
+        ip.run_line_magic("mpi", "restart --fresh")  # the tests after this one share the shell's world
     text = str(info.value)
     assert re.search(r"rank 1 died: signal 11 \(SIGSEGV\).*its last stderr lines:\n(.*\n)*libfoo: bad descriptor "
                      r"table, giving up", text), text
