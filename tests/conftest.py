@@ -124,9 +124,15 @@ def text_of(cell_or_outputs):
     parts = []
     for output in outputs:
         if output["output_type"] == "stream":
-            parts.append(output["text"])
+            # a stream's text carries its own line ends, and one print may come in two outputs (the kernel sent
+            # what it had when its flush came between the print's writes): the pieces join as they were written
+            kind = ("stream", output["name"])
+            if parts and parts[-1][0] == kind:
+                parts[-1] = (kind, parts[-1][1] + output["text"])
+            else:
+                parts.append((kind, output["text"]))
         elif output["output_type"] in ("execute_result", "display_data"):
-            parts.append(output["data"].get("text/plain", ""))
+            parts.append(("data", output["data"].get("text/plain", "")))
         elif output["output_type"] == "error":
-            parts.append(f"{output['ename']}: {output['evalue']}")
-    return "\n".join(parts)
+            parts.append(("error", f"{output['ename']}: {output['evalue']}"))
+    return "\n".join(text for _, text in parts)
