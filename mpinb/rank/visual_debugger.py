@@ -21,8 +21,10 @@ import bdb
 import builtins
 import itertools
 import linecache
+import operator
 import os
 import queue
+import re
 import reprlib
 import sys
 
@@ -79,16 +81,14 @@ def mpinb_frame(frame):
 
 class Breakpoint:
     """One breakpoint's *line*, its *condition* (an expression of the frame's names) and *hit* condition (DAP's
-    ``hitCondition``: ``3`` or ``== 3``, ``>= 3``, ``% 3``, as debugpy reads it), and how often it held."""
+    ``hitCondition``: ``3`` or ``== 3``, ``>= 3``, ``% 3``, as debugpy reads it, parsed, not evaluated), and how
+    often it held."""
 
     def __init__(self, line, condition=None, hit=None):
         self.line, self.condition, self.hits = int(line), (condition or "").strip(), 0
-        hit = (hit or "").strip()
-        if hit.isdigit():
-            hit = f"== {hit}"
-        elif hit.startswith("%"):
-            hit = f"{hit} == 0"
-        self.hit = hit if not hit or "@HIT@" in hit else f"@HIT@ {hit}"
+        self.hit = (hit or "").strip()
+        form = _HIT.match(self.hit)
+        self.test = (_COMPARE[form[1] or "=="], int(form[2])) if form else None  # read, never evaluated
 
     def holds(self, frame):
         """Whether to stop at it in *frame*, and what to say: a condition that cannot be evaluated stops, and says
@@ -102,10 +102,18 @@ class Breakpoint:
         self.hits += 1
         if not self.hit:
             return True, ""
-        try:
-            return bool(eval(self.hit.replace("@HIT@", str(self.hits)), {"__builtins__": {}})), ""
-        except Exception as exc:  # noqa: BLE001
-            return True, f"the hit condition {self.hit!r} raised {_describe(exc)}"
+        if self.test is None or (self.test[0] is _every and self.test[1] == 0):
+            return True, f"the hit condition {self.hit!r} is not N, == N, >= N, > N, <= N, < N or % N (N > 0 for %)"
+        compare, count = self.test
+        return compare(self.hits, count), ""
+
+
+def _every(hits, count):
+    return hits % count == 0
+
+
+_HIT = re.compile(r"^(==|>=|<=|>|<|%)?\s*(\d+)$")
+_COMPARE = {"==": operator.eq, ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "%": _every}
 
 
 def _cut_after(tb, frame):
