@@ -95,7 +95,7 @@ class Breakpoint:
         why, as debugpy does (a typo in it must not go unseen)."""
         if self.condition:
             try:
-                if not eval(self.condition, frame.f_globals, frame.f_locals):
+                if not evaluated(self.condition, frame):
                     return False, ""
             except Exception as exc:  # noqa: BLE001 - the user's expression may raise anything
                 return True, f"the condition {self.condition!r} raised {_describe(exc)}"
@@ -106,6 +106,13 @@ class Breakpoint:
             return True, f"the hit condition {self.hit!r} is not N, == N, >= N, > N, <= N, < N or % N (N > 0 for %)"
         compare, count = self.test
         return compare(self.hits, count), ""
+
+
+def evaluated(expression, frame):
+    """The value of *expression*, typed by the user in the panel (its console, a breakpoint's condition, a new value
+    for a variable), in *frame*, the user's own stopped frame on their own rank: the one place the panel runs
+    what the user wrote, as pdb's ``p`` does."""
+    return eval(expression, frame.f_globals, frame.f_locals)
 
 
 def _every(hits, count):
@@ -395,7 +402,7 @@ class Stop:
         frame of its scope (the top frame for what a value holds); the frame's own variable changes, not a copy."""
         container, name = self._lookup(arguments["variablesReference"]), arguments["name"]
         frame = container.frame if isinstance(container, (_Scope, _Predefined)) else self.frames[0][0]
-        value = eval(arguments["value"], frame.f_globals, frame.f_locals)
+        value = evaluated(arguments["value"], frame)
         if isinstance(container, (_Scope, _Predefined)):
             container.set(name, value)
         elif isinstance(container, dict):
@@ -419,7 +426,7 @@ class Stop:
         frame = self._lookup(arguments["frameId"]) if arguments.get("frameId") else self.frames[0][0]
         expression = arguments["expression"]
         try:
-            value = eval(expression, frame.f_globals, frame.f_locals)
+            value = evaluated(expression, frame)
         except SyntaxError:  # a statement, typed in the debug console
             names = frame.f_locals
             exec(expression, frame.f_globals, names)

@@ -133,26 +133,19 @@ class Channel:
         """Ask *ranks*' roll-call threads for their main thread's stack: ``{rank: stack}`` of those that answered
         within *timeout* seconds (``rank/stacks.main_thread_stack``). What else arrives meanwhile is kept for
         the next :meth:`receive`."""
-        frames = self.signer.pack(AskStack(number))
-        for rank in ranks:
-            try:
-                self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-        answers, deadline = {}, time.monotonic() + timeout
-        while len(answers) < len(ranks) and time.monotonic() < deadline:
-            for message in self.receive(deadline - time.monotonic(), keep=False):
-                if isinstance(message, Stack) and message.number == number and message.rank in ranks:
-                    answers[message.rank] = message.stack
-                else:
-                    self._held.append(message)
-        return answers
+        return self._ask_roll_calls(ranks, AskStack(number), Stack, number, timeout, lambda answer: answer.stack)
 
     def native(self, ranks, number, timeout):
         """Ask *ranks*' roll-call threads for their main thread's native stack, read by py-spy on their host:
         ``{rank: (frames, note)}`` of those that answered within *timeout* seconds (``rank/native_stack.own``).
         What else arrives meanwhile is kept for the next :meth:`receive`."""
-        frames = self.signer.pack(AskNative(number))
+        return self._ask_roll_calls(ranks, AskNative(number), Native, number, timeout,
+                                    lambda answer: (answer.frames, answer.note))
+
+    def _ask_roll_calls(self, ranks, request, kind, number, timeout, value):
+        """Send *request* to *ranks*' roll-call threads; ``{rank: value(answer)}`` of the *kind* answers to
+        *number* that came within *timeout* seconds, what else arrives kept for the next :meth:`receive`."""
+        frames = self.signer.pack(request)
         for rank in ranks:
             try:
                 self.cells.send_multipart([f"rollcall-{rank}".encode(), *frames], zmq.NOBLOCK)
@@ -161,8 +154,8 @@ class Channel:
         answers, deadline = {}, time.monotonic() + timeout
         while len(answers) < len(ranks) and time.monotonic() < deadline:
             for message in self.receive(deadline - time.monotonic(), keep=False):
-                if isinstance(message, Native) and message.number == number and message.rank in ranks:
-                    answers[message.rank] = (message.frames, message.note)
+                if isinstance(message, kind) and message.number == number and message.rank in ranks:
+                    answers[message.rank] = value(message)
                 else:
                     self._held.append(message)
         return answers
