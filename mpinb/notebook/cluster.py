@@ -17,7 +17,6 @@ from ..errors import BadArguments, MPIError, StartInterrupted
 from ..wire.channel import Channel
 from ..wire.ranks import label_ranks
 from . import ipp, leftovers, mpis, status, stops
-from .gather import Receiver
 from .kept_state import KeptState
 from .launchers import Placement
 from .lifecycle import Lifecycle, State
@@ -136,7 +135,6 @@ class World:
         self.engines = {}  # rank -> engine id
         self.identities = {}  # rank -> {"rank", "size", "host", "pid", "mpi"}
         self.started_at = None
-        self.receiver = None  # the notebook's end of the ranks' shared-memory segments (--gather)
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
         self._prepared_at = 0.0  # when this start's status folder was made (leftovers.marked)
@@ -242,10 +240,8 @@ class World:
         self._shared_files = self._mapped_shared_files()
 
     def open_channel(self, secret):
-        """The cell channel to the ranks, its messages signed with *secret* (``None``: encrypted instead), and
-        the notebook's end of the ranks' shared-memory segments."""
+        """The cell channel to the ranks, its messages signed with *secret* (``None``: encrypted instead)."""
         self.channel = Channel(self.ip, secret=secret)
-        self.receiver = Receiver()
         return self.channel
 
     def connected(self, stack_files):
@@ -289,9 +285,6 @@ class World:
         self.cluster = self.client = self.channel = None
         if channel is not None:
             channel.close()
-        if self.receiver is not None:
-            self.receiver.close()
-            self.receiver = None
         processes = self._processes or (self.launched_processes(cluster) if cluster is not None else [])
         self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
         if cluster is not None:

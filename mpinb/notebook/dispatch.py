@@ -123,7 +123,7 @@ def dispatch(world, code, *, ranks=None, options=None, **settings):
         world.mark_dead()
         raise MPIError(died_earlier(world, dead))
     world.kept_state.wait_until_kept(world.channel, world.ranks)  # with snapshot_lag = 0 only
-    released = world.receiver.take_released() if world.receiver is not None else {}
+    released = world.channel.segments.take_released() if world.channel is not None else {}
     if released:  # the segments whose gathered values were all dropped: the ranks may write there again
         options = dataclasses.replace(options or CellOptions(), released=released)
     return InFlight(world, code, result, settings).run(options)

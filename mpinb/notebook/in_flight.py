@@ -9,7 +9,7 @@ from IPython.core.error import StdinNotImplementedError
 
 from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
-from . import native, stops, visual_debugger
+from . import gather, native, stops, visual_debugger
 from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Kept, Metrics, Out, Reply, Settled,
                           TraceSpans, Waiting, Where)
 from .diagnose import capture_stacks
@@ -347,7 +347,7 @@ def _unpack_gathered(world, result, rank, reply):
     reply.gathered, reply.buffers = None, []  # the values are the result's now: the reply holds no second copy
     if getattr(gathered, "note", None):
         result.gather_notes.append(f"rank {rank}: {gathered.note}")
-    for owner, values in world.receiver.unpack(rank, gathered, buffers).items():
+    for owner, values in gather.unpack(world.channel.segments, rank, gathered, buffers).items():
         for name, (kind, value, stats) in values.items():
             if kind == "error":
                 result.gather_errors.setdefault(name, {})[owner] = value

@@ -18,6 +18,7 @@ import time
 import zmq
 
 from . import bulk, messages
+from .shm import Segments
 from .failures import MPIError
 from .kinds import (AskNative, AskStack, Bulk, Cell, CellOptions, Hello, Input, Kept, Metrics, Native, Out, Reply,
                     RollCall, Settle, Stack, Stdin, TraceSpans)
@@ -43,6 +44,7 @@ class Channel:
         self.events = context.socket(zmq.PULL)
         self.events.setsockopt(zmq.LINGER, 0)
         self.bulk = self.bulk_url = self.opener = None
+        self.segments = Segments()  # the ranks' shared-memory segments on this host, the large messages' other path
         if self.encrypt:
             messages.encrypt_server(self.cells, self.key)
             messages.encrypt_server(self.events, self.key)
@@ -287,6 +289,7 @@ class Channel:
         self.events.close()
         if self.bulk is not None:
             self.bulk.close()
+        self.segments.close()
         ends, self._wake_read, self._wake_write = (self._wake_read, self._wake_write), -1, -1
         for end in ends:
             os.close(end)
