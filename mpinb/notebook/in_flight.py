@@ -9,7 +9,7 @@ from IPython.core.error import StdinNotImplementedError
 
 from ..errors import MPIError, RankLost
 from ..wire.ranks import label_ranks
-from . import gather, native, stops, visual_debugger
+from . import gather, native, panel, stops, visual_debugger
 from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Kept, Metrics, Out, Reply, Settled,
                           TraceSpans, Waiting, Where)
 from .diagnose import capture_stacks
@@ -76,6 +76,7 @@ class InFlight:
             ended = False
             if self.panel is not None:
                 self.panel.cell_started(self.channel, self.ranks)
+            panel.cell_started(self.world, settings.number, self.ranks, self.code)  # JupyterLab's MPI panel
             try:
                 while len(self.replies) < len(self.ranks) and not ended:
                     try:
@@ -89,6 +90,7 @@ class InFlight:
             finally:
                 if self.panel is not None:
                     self.panel.cell_ended()
+                panel.cell_ended()
         return self.finish()
 
     def check_stops(self):
@@ -118,6 +120,8 @@ class InFlight:
     def handle(self, message):
         """One message from a rank: output, metrics, a roll-call answer, a prompt, trace spans or the reply."""
         result, settings, watch, recovery = self.result, self.settings, self.watch, self.recovery
+        if panel.feed(message):  # the MPI panel's own roll call, answered: for the panel alone
+            return
         if isinstance(message, Out) and message.cell_id in (self.cell_id, None):  # None: written between cells
             rank, _, name, text = message
             getattr(result, name)[rank] += text

@@ -1,0 +1,42 @@
+"""JupyterLab's MPI panel, the kernel's end: ``model.py`` holds what the panel shows of the world (fed by the running
+cell's messages), ``publisher.py`` writes it a few times a second for the Jupyter server (``mpinb/server/``).
+Outside a Jupyter kernel these do nothing."""
+
+import atexit
+
+from .publisher import Publisher, kernel_id
+
+__all__ = ["cell_ended", "cell_started", "feed", "publisher"]
+
+_publisher = None
+_looked = False
+
+
+def publisher():
+    """This kernel's :class:`Publisher`, started on first use; ``None`` outside a Jupyter kernel."""
+    global _publisher, _looked
+    if not _looked:
+        _looked = True
+        kernel = kernel_id()
+        if kernel is not None:
+            _publisher = Publisher(kernel)
+            _publisher.start()
+            atexit.register(_publisher.close)
+    return _publisher
+
+
+def cell_started(world, number, ranks, code):
+    """A ``%%mpi`` cell was sent to *ranks* of *world*: the panel asks them where they are until it ends."""
+    current = publisher()
+    if current is not None:
+        current.cell_started(world, number, ranks, code)
+
+
+def feed(message):
+    """A message of the running cell; whether it was the panel's own roll-call answer (for no one else)."""
+    return _publisher is not None and _publisher.feed(message)
+
+
+def cell_ended():
+    if _publisher is not None:
+        _publisher.cell_ended()
