@@ -61,7 +61,7 @@ def png_of(output):
 
 
 def embedded_images(html):
-    return re.findall(r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
+    return re.findall(r"<img class='mpinb-chart' src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html)
 
 
 @pytest.fixture(scope="module")

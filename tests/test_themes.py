@@ -471,6 +471,39 @@ def measure(page, cells, theme, shots):
     return contrasts, overlaps, fills
 
 
+def chart_lightness(page, cells, slug, shots):
+    """The mean luminance (0 black, 1 white) of each static chart image as the page shows it, with a screenshot of
+    each named after *slug*: an image's own rule darkens it on a dark page."""
+    import io
+
+    from PIL import Image
+
+    lightness = {}
+    for index, view in STATIC.items():
+        charts = cells.nth(index).locator(".jp-OutputArea img.mpinb-chart")
+        for n in range(charts.count()):
+            charts.nth(n).scroll_into_view_if_needed()
+            shot = charts.nth(n).screenshot(path=str(shots / f"{slug}-{view.replace(' ', '-')}-{n}.png"))
+            pixels = np.asarray(Image.open(io.BytesIO(shot)).convert("RGB"), dtype=float)
+            lightness[f"{view} #{n}"] = float(np.mean([luminance(p) for p in pixels.reshape(-1, 3)[::97]]))
+    return lightness
+
+
+def reload_saved(page, root, name, count):
+    """Save the notebook, reload the page (the theme is a setting and stays) and wait for its *count* cells."""
+    before = (root / name).stat().st_mtime_ns
+    page.keyboard.press("Control+s")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (root / name).stat().st_mtime_ns == before:
+        time.sleep(0.2)
+    page.reload()
+    page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
+    cells = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
+    cells.nth(count - 1).wait_for(timeout=60_000)
+    page.locator(".jp-OutputArea img.mpinb-chart").first.wait_for(timeout=60_000)
+    return cells
+
+
 def measure_export(page, cells, shots):
     """Contrasts of the static views' HTML on a blank white page, as an export shows it without JupyterLab's CSS."""
     parts = []
@@ -511,12 +544,24 @@ def test_every_view_reads_at_wcag_aa_in_the_light_and_the_dark_theme(tmp_path, m
                 run(cells.nth(index), page, wait=True)
             cells.nth(11).locator(".jp-OutputArea img").first.wait_for(timeout=60_000)
             time.sleep(2)  # the live charts draw
+            lightness = {}
             for theme in ("JupyterLab Light", "JupyterLab Dark"):
                 use_theme(page, theme)
                 measured[theme] = measure(page, cells, theme, shots)
+                lightness[theme] = chart_lightness(page, cells, theme.split()[-1].lower(), shots)
             measured["HTML export"] = measure_export(page, cells, shots)
             errors = list(page.console_errors)
             run(cells.nth(len(THEMED) - 1), page, wait=True)
+            # the notebook as saved, reopened in the dark theme: its static views read, and no chart glares
+            cells = reload_saved(page, root, "themes.ipynb", len(THEMED))
+            use_theme(page, "JupyterLab Dark")
+            roots = []
+            for index, view in STATIC.items():
+                output = cells.nth(index).locator(".jp-OutputArea")
+                output.evaluate("(el, view) => { el.dataset.view = view + ' (reloaded)'; }", view)
+                roots.append(output.element_handle())
+            measured["JupyterLab Dark, reloaded"] = page.evaluate(CONTRASTS, roots), [], None
+            lightness["JupyterLab Dark, reloaded"] = chart_lightness(page, cells, "dark-reloaded", shots)
     finally:
         SHOTS.mkdir(parents=True, exist_ok=True)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -542,6 +587,13 @@ def test_every_view_reads_at_wcag_aa_in_the_light_and_the_dark_theme(tmp_path, m
         black = [fill for fill in fills or () if fill in ("rgb(0, 0, 0)", "black")]
         if fills is not None and (black or not fills):
             failures.append(f"{theme}: the live heatmap's cells: {fills}")
+    for theme, charts in lightness.items():
+        print(f"{theme}: mean luminance of the static charts {charts}")
+        assert charts, f"{theme}: no static chart found"
+        dark = "Dark" in theme
+        glaring = {view: value for view, value in charts.items() if (value > 0.25 if dark else value < 0.6)}
+        if glaring:
+            failures.append(f"{theme}: static charts {'brighter' if dark else 'darker'} than the page: {glaring}")
     print("screenshots:", SHOTS)
     assert not failures, "\n".join(failures)
     assert errors == [], errors

@@ -5,7 +5,10 @@ Each function returns a MIME bundle: ``text/html`` (tables, with the charts as e
 ``image/png`` (the charts alone, for renderers that show images but not HTML) and ``text/plain`` (what a
 terminal prints). Charts are drawn with matplotlib's Agg backend through its object API (no pyplot state, no
 display, nothing shared between threads), in the same colours as the live bqplot charts, on an opaque white
-background of their own whatever the notebook's theme (texts in dark colours on it, never in a light rank colour).
+background of their own (texts in dark colours on it, never in a light rank colour). On a dark page (JupyterLab's
+dark theme, a notebook reopened in it, nbconvert's ``--theme dark``) a rule that comes with each image turns its
+lightness over and its hues back, so that the chart is dark paper with light texts there rather than a white block;
+where styles are stripped (GitHub's preview) the image shows as drawn.
 """
 
 import base64
@@ -31,9 +34,16 @@ def bundle(text, html_parts, images=()):
     return data
 
 
+# JupyterLab marks its page with the theme's lightness (and nbconvert's HTML does the same); invert(0.88) makes the
+# white paper #1f1f1f, near the dark theme's own #111, and hue-rotate(180deg) turns the inverted rank colours back
+DARK_PAGE = ("<style>[data-jp-theme-light='false'] img.mpinb-chart"
+             "{filter:invert(0.88) hue-rotate(180deg)}</style>")
+
+
 def img(png, alt):
-    """An ``<img>`` embedding base64 *png*."""
-    return f"<img src='data:image/png;base64,{png}' alt='{html.escape(alt, quote=True)}' style='max-width:100%'>"
+    """An ``<img>`` embedding base64 *png*, with the rule that darkens it on a dark page."""
+    return (f"{DARK_PAGE}<img class='mpinb-chart' src='data:image/png;base64,{png}' "
+            f"alt='{html.escape(alt, quote=True)}' style='max-width:100%'>")
 
 
 def figure(width, height, *, left=60, right=20, top=28, bottom=40, between=(60, 60)):
