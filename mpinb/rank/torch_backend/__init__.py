@@ -1,0 +1,83 @@
+"""A ``torch.distributed`` backend over mpi4py: DistributedDataParallel, FSDP and every ``dist.*`` call go through
+MPI on the world's communicators (and, under ``%%mpi``, through mpinb's ledger of collectives) instead of gloo.
+
+Registered as ``"mpi4py"`` (torch keeps ``"mpi"`` for its own from-source backend) when ``torch.distributed`` is
+imported on a rank, or by :func:`register`::
+
+    import torch.distributed as dist
+    dist.init_process_group("mpi4py")            # env:// as every %%mpi world has it; data goes through MPI
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+The group is in ``group.py``, tensors as MPI buffers and torch's reductions as MPI ops in ``buffers.py``, what
+its calls return in ``work.py``.
+"""
+
+NAME = "mpi4py"
+_base = []  # the communicator the default group is made over, when not MPI.COMM_WORLD (use_communicator)
+
+
+def register():
+    """Make ``"mpi4py"`` a backend of ``torch.distributed`` (idempotent)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def use_communicator(comm):
+    """Make the next default group over *comm* instead of ``MPI.COMM_WORLD`` (``mpinb.torch.init_process_group``
+    with ``comm=``)."""
+    _base[:] = [comm] if comm is not None else []
+
+
+def _create(options, backend_options=None):
+    """torch's factory call: a group over the ranks *options* name (its ``global_ranks_in_group``, empty for the
+    default group). The default group duplicates its communicator; a sub-group (``new_group``) is made from the
+    default group's by ``Create_group``, collective over its members only, as torch calls this on members only."""
+    from mpi4py import MPI
+
+    from .group import MPIProcessGroup
+
+    global _default
+    ranks = list(options.global_ranks_in_group or [])
+    rank, size = options.group_rank, options.group_size
+    if not ranks or _default is None:
+        base = _base[0] if _base else MPI.COMM_WORLD
+        if (base.Get_rank(), base.Get_size()) != (rank, size):
+            raise RuntimeError(f"backend {NAME!r} takes its ranks from MPI: this process is rank {base.Get_rank()} "
+                               f"of {base.Get_size()} there, but torch was given rank {rank} of {size} (RANK and "
+                               "WORLD_SIZE must be the MPI rank and size; every %%mpi world has them so)")
+        comm = base.Dup()
+        _default = comm
+        name = "default"
+    else:
+        group = _default.Get_group()
+        members = group.Incl(ranks)
+        comm = _default.Create_group(members, tag=_tag(ranks))
+        group.Free()
+        members.Free()
+        name = options.group_id or ",".join(map(str, ranks))
+    if comm.Get_rank() != rank:
+        raise RuntimeError(f"backend {NAME!r}: MPI made this process rank {comm.Get_rank()} of group {name}, "
+                           f"torch expected rank {rank}")
+    return MPIProcessGroup(_named(comm, f"torch.mpi:{name}"), name)
+
+
+_default = None  # the default group's communicator, which sub-groups are made from
+
+
+def _tag(ranks):
+    """A tag for ``Create_group``, the same on every member (groups made at once by different ranks differ)."""
+    return sum((index + 1) * rank for index, rank in enumerate(ranks)) % 32749
+
+
+def _named(comm, name):
+    """*comm*, traced under *name* where mpinb traces MPI calls (a ``%%mpi`` world, ``MPINB_TRACE``): its ledger
+    and spans carry the torch group's name."""
+    from ..tracing import traced
+    from ..tracing.comms import registry
+
+    if registry.installed is None:
+        return comm
+    return traced(comm, name)

@@ -1,0 +1,256 @@
+"""The process group: each of ``torch.distributed``'s calls as buffer-based mpi4py calls on the group's own MPI
+communicator, on the tensors' memory. Collectives run to their end inside the call (``async_op=True`` gets a
+``Work`` that is already done); ``isend`` and ``irecv`` return MPI requests to wait on."""
+
+import torch
+import torch.distributed as dist
+
+from . import work
+from .buffers import Hosted, array, finish, mpi_op, op_type
+
+_RED = torch.distributed.ReduceOp.RedOpType
+
+
+class MPIProcessGroup(dist.ProcessGroup):
+    """``torch.distributed``'s calls on the ranks of *comm* (an mpi4py intracommunicator this group owns), with
+    the rank and size MPI gives it.
+
+    Under ``%%mpi`` *comm* is a traced communicator, so every call is in the rank's ledger of collectives and, in
+    a traced cell, on the timeline: DistributedDataParallel's gradient buckets included, which torch's C++
+    reducer hands to :meth:`allreduce` one by one during ``backward()``.
+    """
+
+    notes_its_calls = True  # its MPI calls are in the ledger: the wrappers of torch.distributed leave them be
+
+    def __init__(self, comm, name):
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self.comm, self.name = comm, name
+        self._rank, self._size = comm.Get_rank(), comm.Get_size()
+
+    def getBackendName(self):
+        from . import NAME
+
+        return NAME
+
+    def __repr__(self):
+        return f"MPIProcessGroup(name={self.name!r}, rank={self._rank}, size={self._size})"
+
+    # --- reductions ---
+
+    def allreduce(self, tensors, opts=None):
+        op = op_type(opts.reduceOp) if opts is not None else _RED.SUM
+        hosted = Hosted()
+        for tensor in tensors:
+            host = hosted(tensor)
+            self.comm.Allreduce(_IN_PLACE, array(host), mpi_op(op, host.dtype))
+            finish(host, op, self._size)
+        hosted.done()
+        return work.done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts):
+        op = op_type(opts.reduceOp)
+        root = opts.rootRank
+        hosted = Hosted()
+        for tensor in tensors:
+            host = hosted(tensor, back=self._rank == root)
+            memory = array(host)
+            self.comm.Reduce(_IN_PLACE if self._rank == root else memory, memory if self._rank == root else None,
+                             mpi_op(op, host.dtype), root)
+            if self._rank == root:
+                finish(host, op, self._size)
+        hosted.done()
+        return work.done(tensors)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        op = op_type(opts.reduceOp) if opts is not None else _RED.SUM
+        for output, inputs in zip(outputs, input_lists):
+            hosted = Hosted()
+            out = hosted(output)
+            if all(t.numel() == out.numel() for t in inputs):
+                joined = torch.cat([t.detach().reshape(-1).cpu() for t in inputs])
+                self.comm.Reduce_scatter_block(array(joined), array(out), mpi_op(op, out.dtype))
+            else:  # torch's list form allows one part per rank of any size
+                joined = torch.cat([t.detach().reshape(-1).cpu() for t in inputs])
+                counts = [t.numel() for t in inputs]
+                self.comm.Reduce_scatter(array(joined), array(out), counts, mpi_op(op, out.dtype))
+            finish(out, op, self._size)
+            hosted.done()
+        return work.done(outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = op_type(opts.reduceOp) if opts is not None else _RED.SUM
+        hosted = Hosted()
+        out, source = hosted(output), hosted(input, back=False)
+        if source.numel() != out.numel() * self._size:
+            raise ValueError(f"reduce_scatter_tensor: the input has {source.numel()} elements, not the output's "
+                             f"{out.numel()} times the group's {self._size} ranks")
+        self.comm.Reduce_scatter_block(array(source), array(out), mpi_op(op, out.dtype))
+        finish(out, op, self._size)
+        hosted.done()
+        return work.done([output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        for output, input in zip(outputs, inputs):
+            self._reduce_scatter_base(output, input, opts)
+        return work.done(outputs)
+
+    # --- data movement ---
+
+    def broadcast(self, tensors, opts):
+        root = opts.rootRank
+        hosted = Hosted()
+        for tensor in tensors:
+            host = hosted(tensor, back=self._rank != root)
+            self.comm.Bcast(array(host), root)
+        hosted.done()
+        return work.done(tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        for outputs, input in zip(output_lists, inputs):
+            source = Hosted()(input, back=False)
+            if all(t.numel() == source.numel() and t.dtype == source.dtype for t in outputs):
+                joined = torch.empty(source.numel() * self._size, dtype=source.dtype)
+                self.comm.Allgather(array(source), array(joined))
+            else:
+                counts = [t.numel() for t in outputs]
+                joined = torch.empty(sum(counts), dtype=source.dtype)
+                self.comm.Allgatherv(array(source), [array(joined), counts])
+            _spread(joined, outputs)
+        return work.done(output_lists)
+
+    def _allgather_base(self, output, input, opts=None):
+        hosted = Hosted()
+        out, source = hosted(output), hosted(input, back=False)
+        if out.numel() != source.numel() * self._size:
+            raise ValueError(f"all_gather_into_tensor: the output has {out.numel()} elements, not the input's "
+                             f"{source.numel()} times the group's {self._size} ranks")
+        self.comm.Allgather(array(source), array(out))
+        hosted.done()
+        return work.done([output])
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        for outputs, input in zip(output_lists, inputs):
+            self.allgather([outputs], [input], opts)
+        return work.done(output_lists)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for output, input in zip(outputs, inputs):
+            self._allgather_base(output, input, opts)
+        return work.done(outputs)
+
+    def gather(self, output_lists, inputs, opts):
+        root = opts.rootRank
+        source = Hosted()(inputs[0], back=False)
+        if self._rank == root:
+            outputs = output_lists[0]
+            joined = torch.empty(source.numel() * self._size, dtype=source.dtype)
+            self.comm.Gather(array(source), array(joined), root)
+            _spread(joined, outputs)
+        else:
+            self.comm.Gather(array(source), None, root)
+        return work.done(output_lists)
+
+    def scatter(self, outputs, input_lists, opts):
+        root = opts.rootRank
+        hosted = Hosted()
+        out = hosted(outputs[0])
+        joined = None
+        if self._rank == root:
+            joined = torch.cat([t.detach().reshape(-1).cpu() for t in input_lists[0]])
+        self.comm.Scatter(array(joined) if joined is not None else None, array(out), root)
+        hosted.done()
+        return work.done(outputs)
+
+    def alltoall_base(self, output, input, output_splits, input_splits, opts=None):
+        hosted = Hosted()
+        out, source = hosted(output), hosted(input, back=False)
+        if not output_splits and not input_splits:
+            self.comm.Alltoall(array(source), array(out))
+        else:
+            per_row_out = out[0].numel() if out.dim() and out.shape[0] else 1
+            per_row_in = source[0].numel() if source.dim() and source.shape[0] else 1
+            send = _counts(input_splits, source, self._size, per_row_in)
+            receive = _counts(output_splits, out, self._size, per_row_out)
+            self.comm.Alltoallv([array(source), send], [array(out), receive])
+        hosted.done()
+        return work.done([output])
+
+    def alltoall(self, outputs, inputs, opts=None):
+        sources = [t.detach().reshape(-1).cpu() for t in inputs]
+        send_counts = [t.numel() for t in sources]
+        receive_counts = [t.numel() for t in outputs]
+        joined = torch.empty(sum(receive_counts), dtype=outputs[0].dtype)
+        self.comm.Alltoallv([array(torch.cat(sources)), send_counts], [array(joined), receive_counts])
+        _spread(joined, outputs)
+        return work.done(outputs)
+
+    def barrier(self, opts=None):
+        self.comm.Barrier()
+        return work.done([])
+
+    # --- point to point ---
+
+    def send(self, tensors, dst, tag):
+        source = Hosted()(tensors[0], back=False)
+        request = self.comm.Isend(array(source), dst, tag)
+        return work.Pending([request], tensors, keep=source)
+
+    def recv(self, tensors, src, tag):
+        return self._receive(tensors, src, tag)
+
+    def recv_anysource(self, tensors, tag):
+        from mpi4py import MPI
+
+        return self._receive(tensors, MPI.ANY_SOURCE, tag)
+
+    def _receive(self, tensors, src, tag):
+        hosted = Hosted()
+        host = hosted(tensors[0])
+        request = self.comm.Irecv(array(host), src, tag)
+        return work.Pending([request], tensors, then=hosted.done if hosted.pairs else None, keep=host)
+
+    def free(self):
+        """Let the communicator go (``destroy_process_group``)."""
+        comm, self.comm = self.comm, None
+        if comm is not None:
+            try:
+                comm.Free()
+            except Exception:  # noqa: BLE001 - MPI already finalised at exit: nothing to free
+                pass
+
+
+def _spread(joined, outputs):
+    """Copy the parts of the flat *joined* into *outputs*, one after another."""
+    offset = 0
+    for output in outputs:
+        n = output.numel()
+        output.detach().copy_(joined[offset:offset + n].view(output.shape))
+        offset += n
+
+
+def _counts(splits, tensor, size, per_row):
+    """Elements to or from each rank for ``all_to_all_single``: *splits* are rows (first-dimension slices); none
+    means equal parts."""
+    if not splits:
+        return [tensor.numel() // size] * size
+    return [int(rows) * per_row for rows in splits]
+
+
+def _in_place():
+    from mpi4py import MPI
+
+    return MPI.IN_PLACE
+
+
+_IN_PLACE = _in_place()
+
+
+# the names torch.distributed calls them by in this torch (its C++ code calls the ones above)
+MPIProcessGroup.all_gather_single = MPIProcessGroup._allgather_base
+MPIProcessGroup.reduce_scatter_single = MPIProcessGroup._reduce_scatter_base
+MPIProcessGroup.all_to_all_single = MPIProcessGroup.alltoall_base
+MPIProcessGroup.all_gather_single_coalesced = MPIProcessGroup.allgather_into_tensor_coalesced
+MPIProcessGroup.reduce_scatter_single_coalesced = MPIProcessGroup.reduce_scatter_tensor_coalesced

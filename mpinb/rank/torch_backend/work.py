@@ -1,0 +1,78 @@
+"""What the backend's calls return to torch: a ``Work`` done when returned (the collectives, which run to their end
+inside the call), and one that waits on MPI requests (``isend``, ``irecv``)."""
+
+import torch
+import torch.distributed as dist
+
+
+def done(result=None):
+    """A finished ``Work`` whose future holds *result* (the call's tensors)."""
+    future = torch.futures.Future()
+    future.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(future)  # as torch's own Python groups do
+
+
+class Pending(dist.distributed_c10d.Work):
+    """MPI requests in flight; ``wait()`` completes them and then *then* (the copy of a staged tensor back)."""
+
+    def __init__(self, requests, result, then=None, keep=None):
+        super().__init__()
+        self._requests, self._result, self._then = list(requests), result, then
+        self._keep = keep  # the memory MPI sends from or receives into, alive until the requests complete
+        self._future = None
+        self._source = -1
+
+    def _complete(self):
+        if self._requests is not None:
+            from mpi4py import MPI
+
+            status = MPI.Status()
+            for request in self._requests:
+                request.Wait(status)
+                if status.Get_source() >= 0:
+                    self._source = status.Get_source()
+            self._requests = None
+            self._keep = None
+            if self._then is not None:
+                self._then()
+                self._then = None
+
+    def wait(self, timeout=None):
+        self._complete()
+        return True
+
+    def is_completed(self):
+        if self._requests is None:
+            return True
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        for request in self._requests:
+            if not request.Test(status):
+                return False
+            if status.Get_source() >= 0:
+                self._source = status.Get_source()
+        self._complete()
+        return True
+
+    def is_success(self):
+        return self.is_completed()
+
+    def source_rank(self):
+        self._complete()
+        return self._source
+
+    def result(self):
+        self._complete()
+        return self._result
+
+    def get_future(self):
+        """A future that is done: the requests are completed first (MPI progresses them only when asked)."""
+        self._complete()
+        if self._future is None:
+            self._future = torch.futures.Future()
+            self._future.set_result(self._result)
+        return self._future
+
+    def synchronize(self):
+        self._complete()
