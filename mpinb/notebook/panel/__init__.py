@@ -3,10 +3,13 @@ cell's messages), ``publisher.py`` writes it a few times a second for the Jupyte
 Outside a Jupyter kernel these do nothing."""
 
 import atexit
+import logging
 
 from .publisher import Publisher, kernel_id
 
 __all__ = ["cell_ended", "cell_started", "feed", "publisher"]
+
+log = logging.getLogger("mpinb")
 
 _publisher = None
 _looked = False
@@ -34,7 +37,13 @@ def cell_started(world, number, ranks, code):
 
 def feed(message):
     """A message of the running cell; whether it was the panel's own roll-call answer (for no one else)."""
-    return _publisher is not None and _publisher.feed(message)
+    if _publisher is None:
+        return False
+    try:
+        return _publisher.feed(message)
+    except Exception as exc:  # noqa: BLE001 - the panel never breaks a cell: it shows less
+        log.debug("mpinb panel: %s", exc, exc_info=True)
+        return False
 
 
 def cell_ended():

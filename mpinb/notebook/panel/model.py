@@ -3,6 +3,7 @@ rank is, its last losses, whether it finished) and the processes' CPU and memory
 gives the JSON the browser draws, one row per rank, the rank holding the others up named with the reason."""
 
 import collections
+import dataclasses
 import threading
 import time
 
@@ -54,9 +55,12 @@ class PanelModel:
             self.prompts.discard(rank)
 
     def metrics(self, rank, records):
-        """``mpinb.report()`` records of *rank*: its loss (the first metric, when none is called loss) kept."""
+        """``mpinb.report()`` records of *rank* (``(run, step, time, values, comm seconds)``, or the values
+        alone): its loss (the first metric, when none is called loss) kept."""
         with self.lock:
             for record in records:
+                if isinstance(record, (tuple, list)):
+                    record = record[3] if len(record) > 3 and isinstance(record[3], dict) else {}
                 name = self.loss_names.get(rank)
                 if name not in record:
                     numbers = [key for key, value in record.items() if key not in _META and
@@ -150,8 +154,9 @@ def holding_up(cell, wheres, finished, now, *, after=0.2):
     seconds) on a communicator names its members that are not in it: each one still computing, in an earlier
     collective, or done with the cell without calling it holds up those waiting."""
     fresh = {rank: where for rank, (where, at) in wheres.items() if now - at <= STALE}
-    waits = {rank: where.waiting for rank, where in fresh.items()
-             if where.waiting is not None and rank not in finished}
+    # each wait as long as it is now: the answer said how long it was then
+    waits = {rank: dataclasses.replace(where.waiting, waited=where.waiting.waited + now - wheres[rank][1])
+             for rank, where in fresh.items() if where.waiting is not None and rank not in finished}
     if not waits:
         return {}
     oldest = max(waits.values(), key=lambda wait: wait.waited)

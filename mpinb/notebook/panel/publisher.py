@@ -164,7 +164,7 @@ class Publisher(threading.Thread):
                          daemon=True).start()
 
     def _stacks(self, request_id, world, rank):
-        from .. import native
+        from ..diagnosis import native
 
         cell = self.model.cell
         try:
