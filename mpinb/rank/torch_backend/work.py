@@ -58,9 +58,12 @@ class Pending(dist.distributed_c10d.Work):
     def is_success(self):
         return self.is_completed()
 
-    def source_rank(self):
+    def _source_rank(self):
+        """The rank a receive got its message from (``recv`` with no source)."""
         self._complete()
         return self._source
+
+    source_rank = _source_rank
 
     def result(self):
         self._complete()
