@@ -1,6 +1,6 @@
 """The exceptions users see: one error for a cell, naming every failing rank, rendered like IPython's."""
 
-from .wire.failures import MPIError, MpinbError
+from .wire.failures import MPIError, MpinbError, fitted
 from .wire.ranks import label_ranks
 
 __all__ = ["MpinbError", "BadArguments", "NoMPI", "MPIError", "RankLost", "RankError", "Interrupted", "GatherError",
@@ -62,13 +62,13 @@ class RankError(MpinbError):
         lines = [f"{label_ranks(ranks)}: {f['ename']}: {f['evalue']}" for ranks, f in self.groups]
         return head + "\n" + "\n".join(lines + self.notes)
 
-    def _render_traceback_(self):
+    def _render_traceback_(self, *, name="RankError"):
         out = []
         for ranks, failure in self.groups:
-            out.append(f"\x1b[1;31m[{label_ranks(ranks)}]\x1b[0m {failure['ename']}: {failure['evalue']}")
-            out.extend(failure["traceback"])
+            out.extend(fitted([f"\x1b[1;31m[{label_ranks(ranks)}]\x1b[0m {failure['ename']}: {failure['evalue']}"]))
+            out.extend(failure["traceback"])  # as the rank's IPython wrote it
             out.append("")
-        out.append(f"RankError: {self.summary()}")
+        out.extend(fitted([f"{name}: {self.summary()}"]))
         return out
 
 
@@ -81,9 +81,7 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(self.error.summary())
 
     def _render_traceback_(self):
-        lines = self.error._render_traceback_()
-        lines[-1] = f"KeyboardInterrupt: {self}"
-        return lines
+        return self.error._render_traceback_(name="KeyboardInterrupt")
 
 
 class GatherError(MpinbError):
@@ -92,7 +90,7 @@ class GatherError(MpinbError):
     reason, and the values of the other ranks are already in the notebook."""
 
     def _render_traceback_(self):
-        return [f"GatherError: {self}"]
+        return fitted([f"GatherError: {self}"])
 
 
 class StartInterrupted(KeyboardInterrupt):
@@ -100,4 +98,4 @@ class StartInterrupted(KeyboardInterrupt):
     running), and the message says so in one line instead of the frames the start was in."""
 
     def _render_traceback_(self):
-        return [f"\x1b[1;31mKeyboardInterrupt\x1b[0m: {self}"]
+        return fitted([f"\x1b[1;31mKeyboardInterrupt\x1b[0m: {self}"])
