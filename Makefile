@@ -6,6 +6,9 @@
 # make soak  — random notebook sessions through a real kernel for SOAK_SECONDS (default 3600), new seeds each
 #              sequence (MPINB_SESSION_SEED=N replays one); then every tutorial in JupyterLab in Chromium (make
 #              test runs two there, and every one under nbclient)
+# make labextension — build JupyterLab's MPI panel (TypeScript, with JupyterLab's own builder) into
+#              mpinb/labextension/, which the wheel ships prebuilt; Node and npm from Debian when missing
+# make wheel — the wheel, the panel built into it (pip install needs no Node)
 # make bench — print the benchmark table (and keep it in benchmarks/RESULTS.md)
 # make docs  — build the documentation site, the tutorials executed, into docs/_build/html; fails on a warning
 
@@ -24,7 +27,38 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Debian's Chromium for the JupyterLab browser test (Playwright's own browser download does not work everywhere)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: lab test soak bench docs clean chromium sshd mpis
+.PHONY: lab test soak bench docs clean chromium sshd mpis labextension wheel
+
+# JupyterLab's MPI panel: npm installs the TypeScript side's packages (@jupyterlab/builder among them), tsc checks and
+# compiles it, JupyterLab's builder bundles it into mpinb/labextension/ (shipped in the wheel as
+# share/jupyter/labextensions/mpinb-panel). Into .venv (an editable install skips the wheel's data files): a link to
+# that folder and the server extension's config. Rebuilt only when a source changed (the stamp).
+LABEXT      := labextension
+LABEXT_OUT  := mpinb/labextension
+NPMSTAMP    := $(LABEXT)/node_modules/.installed-stamp
+LABEXTSTAMP := $(LABEXT)/.built-stamp
+LABEXT_SRC  := $(LABEXT)/package.json $(LABEXT)/tsconfig.json $(wildcard $(LABEXT)/src/*.ts $(LABEXT)/style/*.css)
+
+$(NPMSTAMP): $(LABEXT)/package.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "installing Debian's nodejs and npm packages to build the MPI panel"; \
+	  $(SUDO) apt-get -o DPkg::Lock::Timeout=120 update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) \
+	    apt-get -o DPkg::Lock::Timeout=120 install -y -qq nodejs npm >/dev/null; }
+	cd $(LABEXT) && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(LABEXTSTAMP): $(NPMSTAMP) $(LABSTAMP) $(LABEXT_SRC)
+	cd $(LABEXT) && npx tsc -p . && npx build-labextension --core-path \
+	  "$$($(CURDIR)/$(PY) -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" .
+	mkdir -p $(VENV)/share/jupyter/labextensions $(VENV)/etc/jupyter/jupyter_server_config.d
+	ln -sfn $(CURDIR)/$(LABEXT_OUT) $(VENV)/share/jupyter/labextensions/mpinb-panel
+	cp jupyter-config/jupyter_server_config.d/mpinb.json $(VENV)/etc/jupyter/jupyter_server_config.d/mpinb.json
+	touch $@
+
+labextension: $(LABEXTSTAMP)
+
+wheel: $(LABEXTSTAMP)
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist .
 
 # make lab: mpinb, MPICH and what the tutorials use (torch, and Lightning for tutorial 08); make test and make docs add
 # the test and docs tools
@@ -42,7 +76,7 @@ $(STAMP): $(LABSTAMP)
 # JupyterLab refuses to run as root unless told; as a user it needs nothing
 ROOTFLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-lab: $(LABSTAMP)
+lab: $(LABSTAMP) $(LABEXTSTAMP)
 	$(VENV)/bin/jupyter lab $(ROOTFLAG) notebooks/
 
 chromium:
@@ -91,7 +125,8 @@ $(M4PSTAMP): $(STAMP)
 mpi4py-tests: $(M4PSTAMP)
 
 # every MPI of tests/test_mpis.py runs here: a missing one is an error, not a skip
-test: $(STAMP) chromium sshd $(MPISTAMP) $(M4PSTAMP)
+test: $(STAMP) $(LABEXTSTAMP) chromium sshd $(MPISTAMP) $(M4PSTAMP)
+	cd $(LABEXT) && npx tsc -p . --noEmit && node --test test/
 	MPINB_TEST_ALL_MPIS=1 $(PY) -m pytest
 
 SOAK_SECONDS ?= 3600
@@ -125,6 +160,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/profile.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/busy.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/native_stacks.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/panel.py --markdown benchmarks/RESULTS.md
 
 clean:
-	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(MPIS) *.egg-info .pytest_cache $(LABEXT)/node_modules $(LABEXT)/lib $(LABEXTSTAMP) $(LABEXT_OUT)
