@@ -75,7 +75,7 @@ def finish(tensor, op, size):
 def array(tensor):
     """A contiguous CPU tensor's memory as a flat numpy array of its elements (no copy); 16-bit floats, which
     numpy lacks or MPI reduces slowly, as their bits (int16), with :func:`mpi_op` knowing what they are."""
-    flat = tensor.reshape(-1)
+    flat = tensor.detach().reshape(-1)
     if tensor.dtype in HALF:
         flat = flat.view(torch.int16)
     elif tensor.dtype == torch.bool:

@@ -132,8 +132,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         return work.done([output])
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        for outputs, input in zip(output_lists, inputs):
-            self.allgather([outputs], [input], opts)
+        """*output_lists*: one list per rank, holding that rank's part of each of *inputs*."""
+        for index, input in enumerate(inputs):
+            self.allgather([[outputs[index] for outputs in output_lists]], [input], opts)
         return work.done(output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
