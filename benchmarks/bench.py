@@ -47,7 +47,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from results import OtherLoad
 from traitlets.config import Config
 
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 
 
 class Sample(list):

@@ -148,7 +148,7 @@ def main():
         return ranks_main(args.rounds, args.blocks, os.environ[ON_RANKS])
     from results import OtherLoad, publish
 
-    from mpinb.notebook.mpis import default_mpiexec
+    from mpinb.notebook.world.mpis import default_mpiexec
 
     load = OtherLoad()
     with tempfile.TemporaryDirectory() as folder:

@@ -61,8 +61,8 @@ def read_all(ip):
 
 def inspector_parts(ip, pool, reps):
     """Where the inspector's time goes, on the last gather's views, each part alone (``{part: (median, iqr)}``):
-    the one pass of notebook/scan.py, the histograms' samples, and every value read once (the floor)."""
-    from mpinb.notebook.scan import scan
+    the one pass of notebook/models/scan.py, the histograms' samples, and every value read once (the floor)."""
+    from mpinb.notebook.models.scan import scan
     from mpinb.rank.gather import HISTOGRAM_SAMPLE, histogram
 
     views = {rank: np.asarray(ip.user_ns["x"][rank]).ravel() for rank in range(RANKS)}
@@ -161,7 +161,7 @@ def main():
         (f"| --gather with the inspector, N={RANKS}, replicas in sync (every rank's values the same, as after an "
          f"allreduce) | --gather, then every value read once by {workers} threads | {ms(synced, s_iqr)} | "
          f"{ms(synced_read, sr_iqr)} | {synced / synced_read:.2f} | |"),
-        (f"| the inspector's one pass (notebook/scan.py: min, max, sum, sum of squares and the difference to rank 0 "
+        (f"| the inspector's one pass (notebook/models/scan.py: min, max, sum, sum of squares and the difference to rank 0 "
          f"in 1 MB blocks, {workers} threads; 7 numpy passes over each block, 6 for rank 0, 3 for a block that holds rank 0's values), alone | every value read "
          f"once by {workers} threads, alone | {ms(*parts['scan'])} | {ms(*parts['read once'])} | "
          f"{parts['scan'][0] / parts['read once'][0]:.2f} | |"),

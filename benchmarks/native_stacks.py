@@ -28,8 +28,8 @@ GOAL = 1.0
 
 def measure(ip, size, reps):
     """``(%mpi stacks seconds, faulthandler capture seconds)``, medians, with *size* ranks in a Barrier."""
-    from mpinb.notebook.diagnose import capture_stacks
-    from mpinb.notebook.native import stacks
+    from mpinb.notebook.diagnosis.diagnose import capture_stacks
+    from mpinb.notebook.diagnosis.native import stacks
 
     magics = ip.magics_manager.registry["MPIMagics"]
     if magics.world is None or not magics.world.running:

@@ -28,8 +28,8 @@ import time
 import psutil
 from results import publish, shell
 
-from mpinb.notebook import dispatch
-from mpinb.notebook.cluster import World
+from mpinb.notebook.cell import dispatch
+from mpinb.notebook.world.cluster import World
 
 MARK = "<!-- where the time goes -->"
 
@@ -72,9 +72,9 @@ def kind(process):
         line = " ".join(process.cmdline())
     except psutil.Error:
         return None
-    for needle, name in (("mpinb.notebook.controller", "controller"), ("ipyparallel.engine", "ranks (engines)"),
+    for needle, name in (("mpinb.notebook.world.controller", "controller"), ("ipyparallel.engine", "ranks (engines)"),
                          ("mpinb.rank.launch", "ranks' parents"), ("hydra_pmi_proxy", "mpiexec and proxies"),
-                         ("mpiexec", "mpiexec and proxies"), ("mpinb.notebook.reaper", "reaper")):
+                         ("mpiexec", "mpiexec and proxies"), ("mpinb.notebook.world.reaper", "reaper")):
         if needle in line:
             return name
     return "other"

@@ -30,7 +30,7 @@ import time
 import numpy as np
 from results import publish, shell
 
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 
 MARK = "<!-- scale -->"
 FLOATS = 1 << 18  # 1 MB of float32 per rank

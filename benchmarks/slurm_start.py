@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from results import publish  # noqa: E402
 from slurm_cluster import SlurmCluster  # noqa: E402
 
-from mpinb.notebook.cluster import World  # noqa: E402
-from mpinb.notebook.launchers import Placement  # noqa: E402
+from mpinb.notebook.world.cluster import World  # noqa: E402
+from mpinb.notebook.world.launchers import Placement  # noqa: E402
 
 MARK = "<!-- slurm start -->"
 

@@ -110,7 +110,7 @@ CRASH = "import ctypes\nif rank == size - 1:\n    ctypes.string_at(0)\ncomm.Barr
 
 def death(ip, magics, size, rounds):
     """``{part: [seconds, ...]}`` of *rounds* deaths and restores of a world of *size* ranks (see the docstring)."""
-    from mpinb.notebook import kept_state
+    from mpinb.notebook.world import kept_state
 
     parts = {"reported": [], "stopped": [], "started": [], "imported": [], "restored": []}
     ip.run_line_magic("mpi", f"start -n {size}")

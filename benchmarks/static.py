@@ -22,9 +22,9 @@ import time
 import numpy as np
 from results import publish
 
-from mpinb.notebook.history import History
-from mpinb.notebook.leaf_reports import inspect_gathered
-from mpinb.notebook.traces import frame, summarize
+from mpinb.notebook.models.history import History
+from mpinb.notebook.models.leaf_reports import inspect_gathered
+from mpinb.notebook.models.traces import frame, summarize
 from mpinb.rank.gather import leaf_stats
 from mpinb.widgets import static, timeline
 from mpinb.widgets.grads import grad_report

@@ -215,7 +215,7 @@ def main():
         return (worker_empty if args.worker == "empty" else worker_step)(args)
     import mpi4py
 
-    from mpinb.notebook.mpis import default_mpiexec
+    from mpinb.notebook.world.mpis import default_mpiexec
 
     mpiexec = default_mpiexec()
     load = OtherLoad()

@@ -44,7 +44,7 @@ def trace():
 
     Columns: ``rank, op, comm, peer, bytes, start, end, seq`` (and ``kind, sent, received, detail``); ``start``
     and ``end`` are seconds from the first call, ``seq`` the collective's number on its communicator. It is a
-    :class:`~mpinb.notebook.traces.Trace`: ``.to_chrome("cell.json")`` writes it for Perfetto or
+    :class:`~mpinb.notebook.models.traces.Trace`: ``.to_chrome("cell.json")`` writes it for Perfetto or
     chrome://tracing. Call it in the notebook; ``RuntimeError`` before the first traced cell, or elsewhere.
     """
     trace = _magics("mpinb.trace() reads the notebook's copy of a traced cell: call it in the notebook after "
@@ -71,7 +71,7 @@ def read_metrics(pattern):
     *pattern* is a glob of their files (``"metrics-*.jsonl"`` for ``MPINB_METRICS_FILE=metrics-{rank}.jsonl``);
     none matching is a ``FileNotFoundError``. Works anywhere: no notebook, no world.
     """
-    from .notebook.history import read_metrics
+    from .notebook.models.history import read_metrics
 
     return read_metrics(pattern)
 
@@ -91,7 +91,8 @@ _trace_script()
 
 def load_ipython_extension(ipython):
     """Register ``%mpi`` and ``%%mpi``; the magic machinery is imported only now, never on ranks."""
-    from .notebook import stops, visual_debugger
+    from .notebook.debug import visual_debugger
+    from .notebook import stops
     from .notebook.magics import MPIMagics
 
     ipython.register_magics(MPIMagics(shell=ipython))

@@ -106,7 +106,7 @@ def pytest_configure(config):
 @pytest.fixture
 def fresh(world_of, magics, mpi, capsys):
     """A world of the given size whose ranks and history hold no metrics yet (worlds are shared by tests)."""
-    from mpinb.notebook.history import History
+    from mpinb.notebook.models.history import History
 
     def world(size):
         world_of(size)

@@ -8,7 +8,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from mpinb.errors import RankError
-from mpinb.notebook.perrank import PerRank
+from mpinb.notebook.cell.perrank import PerRank
 from mpinb.rank.runner import RemoteValue
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
@@ -53,8 +53,8 @@ def test_output_streams_while_the_cell_runs(world_of, ip, magics, capsys, tmp_pa
     world_of(2)
     seen = []
     shown = tmp_path / "shown"
-    from mpinb.notebook import dispatch
-    from mpinb.notebook.output import RankPrinter
+    from mpinb.notebook.cell import dispatch
+    from mpinb.notebook.cell.output import RankPrinter
 
     class Watcher(RankPrinter):
         def feed(self, rank, name, text):

@@ -40,9 +40,9 @@ def test_library_code_raises_mpinbs_own_errors_outside_ipython(tmp_path):
     """World, Placement and the MPI checks raise typed errors a script can catch; only the magics turn the ones
     about what was asked into IPython's UsageError (the tests of each magic check that)."""
     from mpinb.errors import BadArguments, MpinbError, NoMPI
-    from mpinb.notebook import mpis
-    from mpinb.notebook.cluster import check_size
-    from mpinb.notebook.launchers import Placement
+    from mpinb.notebook.world import mpis
+    from mpinb.notebook.world.cluster import check_size
+    from mpinb.notebook.world.launchers import Placement
 
     with pytest.raises(BadArguments, match="-n takes a number of ranks, at least 1, not 0"):
         check_size(0)

@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from mpinb import read_metrics
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 
 TRAINING = [
     new_markdown_cell("# Data-parallel training, exported"),

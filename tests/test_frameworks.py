@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from mpinb.notebook.leaf_reports import inspect_gathered
+from mpinb.notebook.models.leaf_reports import inspect_gathered
 from mpinb.rank.gather import collect
 from mpinb.rank.report import AgentSink, Recorder
 from mpinb.widgets.inspector import inspector_text

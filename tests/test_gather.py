@@ -9,8 +9,8 @@ import torch
 from IPython.core.error import UsageError
 
 from mpinb.errors import GatherError, RankError
-from mpinb.notebook.leaf_reports import inspect_gathered
-from mpinb.notebook.perrank import PerRank
+from mpinb.notebook.models.leaf_reports import inspect_gathered
+from mpinb.notebook.cell.perrank import PerRank
 from mpinb.widgets.grads import grads_widget
 from mpinb.widgets.inspector import inspector_widget
 

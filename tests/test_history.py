@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mpinb.notebook.history import History
+from mpinb.notebook.models.history import History
 from mpinb.widgets.decimation import decimate
 from mpinb.widgets.summary import summary_html, summary_text
 

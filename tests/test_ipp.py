@@ -1,4 +1,4 @@
-"""What mpinb uses of ipyparallel beyond its documented API (mpinb/notebook/ipp.py) is still there, in the major
+"""What mpinb uses of ipyparallel beyond its documented API (mpinb/notebook/world/ipp.py) is still there, in the major
 version pyproject.toml pins: a failure names the part that changed, instead of a world failing later."""
 
 import inspect
@@ -9,7 +9,7 @@ import ipyparallel
 from ipyparallel import Cluster
 from ipyparallel.cluster.launcher import BatchSystemLauncher, ControllerLauncher, LocalProcessLauncher
 
-from mpinb.notebook import ipp
+from mpinb.notebook.world import ipp
 
 PYPROJECT = (Path(__file__).parent.parent / "pyproject.toml").read_text()
 
@@ -48,11 +48,11 @@ def test_the_launcher_attributes_mpinb_reads_are_where_it_reads_them():
 
 
 def test_the_controller_mpinb_runs_still_sleeps_only_where_it_skips_the_sleep():
-    """``notebook/controller.py`` runs ``init_hub`` with ``time.sleep`` of ipyparallel's controller module a no-op:
+    """``notebook/world/controller.py`` runs ``init_hub`` with ``time.sleep`` of ipyparallel's controller module a no-op:
     that sleep is still there (else the module is needed no more), and it is the only use of ``time`` there."""
     from ipyparallel.controller import app
 
-    from mpinb.notebook import controller
+    from mpinb.notebook.world import controller
 
     assert "IPController.init_hub's time.sleep" in ipp.PRIVATE
     assert "time.sleep(" in inspect.getsource(app.IPController.init_hub), "init_hub no longer sleeps"

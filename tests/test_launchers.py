@@ -10,7 +10,7 @@ from conftest import leftover_ranks, new_world_tag
 from IPython.core.error import UsageError
 from traitlets.config import Config
 
-from mpinb.notebook.launchers import SCHEDULERS, Placement
+from mpinb.notebook.world.launchers import SCHEDULERS, Placement
 
 
 @pytest.mark.mpi

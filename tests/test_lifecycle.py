@@ -20,9 +20,9 @@ from conftest import assert_all_gone, world_processes
 from IPython.core.error import UsageError
 
 from mpinb.errors import MPIError, NoMPI, RankError
-from mpinb.notebook.cluster import World
-from mpinb.notebook.ipp import process as ipp_process
-from mpinb.notebook.mpis import library_version
+from mpinb.notebook.world.cluster import World
+from mpinb.notebook.world.ipp import process as ipp_process
+from mpinb.notebook.world.mpis import library_version
 from mpinb.widgets.status import status_widget
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
@@ -81,7 +81,7 @@ def test_restart_gives_new_processes_and_keeps_names_unless_fresh(ip, magics, wo
 
 
 def controller_setting(world, name):
-    controller = next(p for p in world_processes(world) if "mpinb.notebook.controller" in " ".join(p.cmdline()))
+    controller = next(p for p in world_processes(world) if "mpinb.notebook.world.controller" in " ".join(p.cmdline()))
     return int(next(arg for arg in controller.cmdline() if arg.startswith(f"--{name}=")).split("=")[1])
 
 
@@ -203,7 +203,7 @@ def test_ranks_on_this_host_read_a_whole_copy_of_the_controllers_engine_file(wor
     """The controller writes its connection file in place; ranks that start while it does read it as soon as it
     exists, and one that found it empty exited (JSONDecodeError, 'only 0 of 4 ranks registered'). They wait for a
     copy the notebook makes once the file is whole, and which appears at once (os.replace)."""
-    from mpinb.notebook import ipp
+    from mpinb.notebook.world import ipp
 
     world = world_of(2)
     copy = os.path.join(world.status_dir, "engine.json")

@@ -23,7 +23,7 @@ from test_faults import DEADLOCK
 
 import mpinb
 from mpinb.errors import MPIError, RankError
-from mpinb.notebook.perrank import PerRank
+from mpinb.notebook.cell.perrank import PerRank
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mpinb.notebook.native import py_spy
+from mpinb.notebook.diagnosis.native import py_spy
 from mpinb.wire.ranks import parse_ranks
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
@@ -147,8 +147,8 @@ def test_a_rank_in_c_holding_the_gil_is_named_and_its_stop_report_says_where_in_
 def test_the_tables_name_a_ddp_backward_waiting_for_gloo_and_a_gloo_allreduce():
     """What py-spy read of a rank whose DDP backward waits for a peer (the frames of a real dump, innermost
     first), and of one inside gloo's allreduce: the one-line summaries the tables make of them."""
-    from mpinb.notebook.native import NativeStack
-    from mpinb.notebook.native.places import summary
+    from mpinb.notebook.diagnosis.native import NativeStack
+    from mpinb.notebook.diagnosis.native.places import summary
 
     graph = "/env/lib/python3.11/site-packages/torch/autograd/graph.py"
     ddp = [("0x7f660f0a3f16", "/usr/lib/libc.so.6", 0, "libc.so.6"), ("pthread_cond_wait", "", 0, "libc.so.6"),

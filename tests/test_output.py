@@ -1,6 +1,6 @@
 import io
 
-from mpinb.notebook.output import RankPrinter, rank_ordered
+from mpinb.notebook.cell.output import RankPrinter, rank_ordered
 
 
 def test_lines_are_labelled_and_partial_lines_wait_for_their_newline():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 from mpinb.rank.report import AgentSink, Recorder, ScriptSink
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import leftover_ranks, new_world_tag
 
 from kernel_session import kernel
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 

@@ -1,10 +1,10 @@
-"""The inspector's one pass (``mpinb/notebook/scan.py``) against numpy's own reductions, value by value."""
+"""The inspector's one pass (``mpinb/notebook/models/scan.py``) against numpy's own reductions, value by value."""
 
 import math
 
 import numpy as np
 import pytest
-from mpinb.notebook import scan as scanning
+from mpinb.notebook.models import scan as scanning
 
 
 def expected(arrays):
@@ -80,7 +80,7 @@ def test_a_difference_past_float32s_range_is_taken_in_float64():
     """Finite float32 values of opposite signs near its largest: their difference (6.8e38) is not a float32. The
     scan leaves such a leaf to the exact path (a square past 1.8e19 overflows its float32 sums first), which takes
     that difference in float64, not as inf."""
-    from mpinb.notebook.leaf_reports import _difference
+    from mpinb.notebook.models.leaf_reports import _difference
 
     largest = np.finfo(np.float32).max
     arrays = {rank: np.zeros(2 * scanning.BLOCK, dtype=np.float32) for rank in (0, 1)}

@@ -149,7 +149,7 @@ def test_a_pending_reason_is_read_as_never_or_not_yet(reason, never):
     """Reasons a job waits for: over a limit on each job (of its QOS or account) it never runs, and the start
     says so at once; over a limit per user or group, or behind other jobs, it waits (the test cluster has no
     accounting database, so no QOS to put a job over)."""
-    from mpinb.notebook.startup import never_runs
+    from mpinb.notebook.world.startup import never_runs
 
     said = never_runs(reason)
     assert said == never if never is None else never in said

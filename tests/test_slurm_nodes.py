@@ -278,7 +278,7 @@ def test_an_exported_notebook_runs_across_both_nodes_as_a_slurm_job_with_the_sam
     the same script gives under plain mpiexec here (which is the notebook's: ``test_export.py``)."""
     from test_export import export, final_loss, training_notebook
 
-    from mpinb.notebook.mpis import default_mpiexec
+    from mpinb.notebook.world.mpis import default_mpiexec
 
     hosts, slurm = cluster
     notebook = training_notebook(tmp_path / "train.ipynb")

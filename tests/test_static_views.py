@@ -13,7 +13,7 @@ import pytest
 from conftest import leftover_ranks, new_world_tag
 from nbclient import NotebookClient
 
-from mpinb.notebook.history import History
+from mpinb.notebook.models.history import History
 from mpinb.widgets import static
 
 WIDGET = "application/vnd.jupyter.widget-view+json"

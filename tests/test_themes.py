@@ -203,7 +203,7 @@ def _overlapping(fig, gap=3):
 def test_static_charts_keep_their_texts_apart_on_an_opaque_background():
     from matplotlib.image import imread
 
-    from mpinb.notebook.history import History
+    from mpinb.notebook.models.history import History
     from mpinb.widgets import static
 
     ratios = np.array([[1.0, 1.3, 0.6, 1.02], [1.0, 1.2, 0.7, 1.05], [1.0, 1.1, math.nan, 0.99], [1.02, 1.0, 0.8, 1.0]])
@@ -231,7 +231,7 @@ def test_static_charts_keep_their_texts_apart_on_an_opaque_background():
 
 
 def test_a_nan_leaf_is_said_to_hold_nan_not_to_differ_by_nan():
-    from mpinb.notebook.leaf_reports import inspect_gathered
+    from mpinb.notebook.models.leaf_reports import inspect_gathered
 
     y = {rank: np.ones(10) for rank in range(3)}
     y[2][3] = np.nan

@@ -11,7 +11,7 @@ import textwrap
 import mpi4py
 import pytest
 
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 
 pytestmark = [pytest.mark.mpi]
 

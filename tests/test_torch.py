@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mpinb.errors import RankError
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 from mpinb.torch import choose_backend
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]

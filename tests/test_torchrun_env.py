@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 

@@ -13,7 +13,7 @@ import pytest
 
 import mpinb
 from mpinb.errors import RankError
-from mpinb.notebook.mpis import default_mpiexec
+from mpinb.notebook.world.mpis import default_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_the_straggler_of_synchronised_training_is_named(healthy, mpi, magics, c
     assert all(not row["notes"] for row in table if row["rank"] != 2)
     mpi(STRAGGLER.replace("rank == 2", "rank == 1"), "--trace")
     assert "rank 1 arrived last at" in capsys.readouterr().out
-    from mpinb.notebook.traces import summarize
+    from mpinb.notebook.models.traces import summarize
 
     assert summarize(mpinb.trace()).straggler == 1
 
@@ -308,7 +308,7 @@ def test_a_training_cell_after_an_idle_stretch_shows_the_steps_the_straggler_and
     and %mpi trace showed a static image."""
     from IPython.utils.capture import capture_output
 
-    from mpinb.notebook.traces import summarize
+    from mpinb.notebook.models.traces import summarize
 
     healthy(2)
     mpi(IDLE_THEN_TRAINING, "--trace")

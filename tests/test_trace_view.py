@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from mpinb.notebook import traces as tr
+from mpinb.notebook.models import traces as tr
 from mpinb.rank import chrome
 from mpinb.widgets.timeline import (
     BAND_COLOR,

@@ -7,9 +7,9 @@ import bqplot
 import numpy as np
 import pytest
 
-from mpinb.notebook.history import History
+from mpinb.notebook.models.history import History
 from mpinb.widgets.grads import grads_table_html, grads_widget
-from mpinb.notebook.leaf_reports import inspect_gathered
+from mpinb.notebook.models.leaf_reports import inspect_gathered
 from mpinb.widgets.inspector import (
     inspector_text,
     inspector_widget,

@@ -15,8 +15,8 @@ import pytest
 import torch
 import zmq
 
-from mpinb.notebook.mpis import default_mpiexec
-from mpinb.notebook.perrank import PerRank
+from mpinb.notebook.world.mpis import default_mpiexec
+from mpinb.notebook.cell.perrank import PerRank
 from mpinb.wire import rank_files
 from mpinb.wire import messages, shm
 from mpinb.wire.channel import Channel

@@ -15,7 +15,7 @@ ENV = "MPINB_TEST_RECORD"
 
 def install():
     """Note the processes of every world this process starts from now on (idempotent)."""
-    from mpinb.notebook.cluster import World
+    from mpinb.notebook.world.cluster import World
 
     for name in ("launched_processes", "rank_processes"):
         method = getattr(World, name)

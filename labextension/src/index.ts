@@ -80,7 +80,7 @@ class Section {
     this.state = state;
     const { title, details } = heading(state);
     this.title.textContent = `${this.name ? this.name + ': ' : ''}${title}`;
-    this.details.textContent = `${details}${state.execution_state ? `; kernel ${state.execution_state}` : ''}`;
+    this.details.textContent = details;
     const seen = new Set<number>();
     for (const row of rows(state)) {
       seen.add(row.rank);

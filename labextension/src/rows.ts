@@ -129,7 +129,9 @@ export function rows(state: KernelState): Row[] {
 
 /** Why an action cannot apply now, or null when it can. */
 export function refusal(action: string, state: KernelState, rank?: number): string | null {
-  const busy = state.execution_state === 'busy';
+  // a %%mpi cell running (the kernel's own word), or the kernel busy with another (the server's): the status the
+  // server hears on IOPub also reads idle after a message of another channel, so the cell is asked first
+  const busy = state.cell !== null || state.execution_state === 'busy';
   const row = rank === undefined ? undefined : state.ranks.find(r => r.rank === rank);
   if (!state.world) {
     return 'no MPI world is running in this kernel';

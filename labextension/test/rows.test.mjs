@@ -59,11 +59,12 @@ test('the heading says size, MPI, the running cell and the hosts', () => {
 
 test('actions are refused with the reason when they cannot apply', () => {
   assert.equal(refusal('stop', state), null);
-  assert.match(refusal('stop', { ...state, execution_state: 'idle' }), /nothing to stop/);
+  assert.equal(refusal('stop', { ...state, execution_state: 'idle' }), null); // the cell runs: the kernel says so
+  assert.match(refusal('stop', { ...state, execution_state: 'idle', cell: null }), /nothing to stop/);
   assert.equal(refusal('stacks', state, 0), null);
   assert.match(refusal('stacks', state, 1), /another host/);
   assert.match(refusal('restart', state), /stop it first/);
-  assert.equal(refusal('restart', { ...state, execution_state: 'idle' }), null);
+  assert.equal(refusal('restart', { ...state, execution_state: 'idle', cell: null }), null);
   const dead = { ...state, ranks: [{ ...state.ranks[0], state: 'dead' }] };
   assert.match(refusal('stacks', dead, 0), /dead/);
   assert.match(refusal('stop', { ...state, world: null }), /no MPI world/);

@@ -10,7 +10,7 @@ from IPython.core import magic_arguments
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from ..rank import faults
-from .launchers import LAUNCHERS
+from .world import LAUNCHERS
 
 
 class _Parser(MagicArgumentParser):

@@ -63,8 +63,8 @@ def export(notebook, *, name="notebook.ipynb"):
 
 def sbatch(script, *, ranks, partition=None, time=None, account=None, mpiexec=None, python=None):
     """A Slurm job script that runs *script* on *ranks* tasks with this environment's ``mpiexec`` and Python."""
-    from .launchers import Placement
-    from .mpis import default_mpiexec
+    from .world import Placement
+    from .world.mpis import default_mpiexec
 
     stem = os.path.splitext(os.path.basename(script))[0]
     command = [mpiexec or default_mpiexec(), "-n", "$SLURM_NTASKS", python or sys.executable,

@@ -16,12 +16,12 @@ from ..errors import BadArguments, MPIError, NoMPI, StartInterrupted
 from ..rank import run_script
 from ..widgets import views
 from ..wire.ranks import parse_ranks
-from . import arguments, kept_state, stops, visual_debugger
-from .cluster import World, check_size
+from . import arguments, stops
+from .debug import visual_debugger
+from .world import kept_state
+from .world import LAUNCHERS, Placement, State, World, check_size
 from .frontend import in_notebook
-from .history import History
-from .launchers import LAUNCHERS, Placement
-from .lifecycle import State
+from .models import History
 from .running import CellRunner
 from .world_commands import WorldCommands
 
@@ -483,12 +483,12 @@ class MPIMagics(Magics):
 
     @property
     def last(self):
-        """The last cell's :class:`~mpinb.notebook.dispatch.CellResult` (``None`` before the first)."""
+        """The last cell's :class:`~mpinb.notebook.cell.dispatch.CellResult` (``None`` before the first)."""
         return self.cells.last
 
     @property
     def live(self):
-        """The last cell's :class:`~mpinb.notebook.live.LiveMetrics` (its view, if it drew one)."""
+        """The last cell's :class:`~mpinb.notebook.cell.live.LiveMetrics` (its view, if it drew one)."""
         return self.cells.live
 
     @property

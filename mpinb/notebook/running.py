@@ -7,10 +7,10 @@ import sys
 from ..errors import Interrupted, MPIError, StartInterrupted
 from ..widgets import views
 from ..wire.kinds import AgentSettings, CellOptions, GatherRequest
-from . import dispatch, visual_debugger
+from .cell import dispatch
+from .debug import visual_debugger
 from .frontend import colored, in_notebook
-from .live import CellStatus, LiveMetrics, LiveTrace
-from .output import RankPrinter
+from .cell import CellStatus, LiveMetrics, LiveTrace, RankPrinter
 
 
 class CellRunner:
@@ -19,8 +19,8 @@ class CellRunner:
     settings ``report_interval``, ``collective_wait``, ``trace_buffer``, ``interrupt_grace``, ``status_after``,
     ``abort_grace``, ``refresh_interval``, ``max_points``, ``gather_transport``.
 
-    Keeps what the last cell left: ``last`` (its :class:`~mpinb.notebook.dispatch.CellResult`), ``live`` (its
-    :class:`~mpinb.notebook.live.LiveMetrics`) and ``last_trace`` (the last traced cell's trace)."""
+    Keeps what the last cell left: ``last`` (its :class:`~mpinb.notebook.cell.dispatch.CellResult`), ``live`` (its
+    :class:`~mpinb.notebook.cell.live.LiveMetrics`) and ``last_trace`` (the last traced cell's trace)."""
 
     def __init__(self, magics):
         self.magics = magics
@@ -174,7 +174,7 @@ class CellRunner:
 
     def _show_inspector(self, result):
         from ..widgets.inspector import inspector_text, inspector_widget
-        from .leaf_reports import inspect_gathered
+        from .models import inspect_gathered
 
         reports = inspect_gathered(result.gathered, result.gather_stats)
         if in_notebook(self.magics.shell):

@@ -9,10 +9,10 @@ from IPython.display import display
 from ..widgets import views
 from ..widgets.status import status_html, status_text
 from ..wire.kinds import Call, CellOptions
-from . import dispatch, visual_debugger
+from .cell import dispatch
+from .debug import visual_debugger
 from .frontend import colored, in_notebook
-from .live import LiveMetrics, show_trace
-from .output import RankPrinter
+from .cell import LiveMetrics, RankPrinter, show_trace
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -64,7 +64,7 @@ class WorldCommands:
             print("no traced cell yet: %%mpi --trace records every rank's MPI calls for one cell")
         elif self.magics.view_kind() == "widgets":  # zoomable while the kernel lives; the static rendering for the file
             from ..widgets import timeline
-            from .traces import summarize
+            from .models import summarize
 
             timeline.show(self.cells.last_trace, summarize(self.cells.last_trace))
         else:
@@ -157,7 +157,7 @@ class WorldCommands:
         native ones (py-spy), identical stacks merged (``native/report.py``). Read from outside the ranks, so it
         answers while a cell runs, for ranks stuck in C as well."""
         from ..wire.ranks import parse_ranks
-        from .native import stacks
+        from .diagnosis.native import stacks
 
         world = self._running_world()
         try:

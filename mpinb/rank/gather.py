@@ -254,7 +254,7 @@ def _leaf_stats(array, dtype, device):
     """:func:`leaf_stats`, or only shape and dtype when numpy cannot compute with the values: a value that can
     travel is never held back by its statistics. A large float32 or float64 array is only described, with
     ``scan`` set: the notebook reads it anyway to compare the ranks, and takes its statistics in the same pass
-    (:mod:`mpinb.notebook.scan`)."""
+    (:mod:`mpinb.notebook.models.scan`)."""
     if dtype == str(array.dtype) and scannable(array):
         return {"shape": tuple(array.shape), "dtype": dtype, "device": device, "size": int(array.size), "scan": True}
     try:

@@ -1,6 +1,6 @@
 """This process's main-thread stack, native frames and Python ones, as py-spy reads it (``py-spy dump --native``).
 
-The notebook reads the ranks on its own host with py-spy itself (``notebook/native/``); a rank on another host it
+The notebook reads the ranks on its own host with py-spy itself (``notebook/diagnosis/native/``); a rank on another host it
 cannot ptrace, so it asks the rank's roll-call thread (:class:`~mpinb.wire.kinds.AskNative`), which runs py-spy on
 its own process here (:func:`own`). That thread runs only while the main thread does not hold the GIL (a wait in
 MPI, in gloo, on a lock released the GIL): a rank in C that holds it does not answer. Where Linux's Yama lets only

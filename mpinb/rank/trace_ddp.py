@@ -45,8 +45,8 @@ def install(module):
         made(self, *args, **kwargs)
         models.add(self)
         replicas.watch(self)
-        if getattr(self, "reducer", None) is None or getattr(self.process_group, "notes_its_calls", False):
-            return  # no reduction, or each bucket's is in the ledger as its MPI call (the "mpi4py" backend)
+        if getattr(self, "reducer", None) is None:
+            return
         grads = [parameter for parameter in self.parameters() if parameter.requires_grad]
         dtypes = {parameter.dtype for parameter in grads}
         dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None

@@ -120,7 +120,7 @@ def _wrap(dist, function, name, spec):
         launched = kwargs.get("async_op")
         info = None
         start = _now()
-        if not p2p and not notes_its_calls(dist, group):
+        if not p2p:
             info = _ledger(dist, group)
             count, dtype = _shape(tensor)
             signature = (name, root, count, dtype)
@@ -148,7 +148,7 @@ def _wrap(dist, function, name, spec):
                     _state.leave(done)  # one that raised stays in the mirror, marked: its last words
             if not launched:
                 _state.comm_ns += end - start
-            if _state.spans is not None and (info is not None or p2p):
+            if _state.spans is not None:
                 _span(dist, name, group, root, tensor, start, end, info.count if info is not None else None)
 
     return call
@@ -169,8 +169,6 @@ def _wrap_coalesced(dist, function):
 
     @functools.wraps(function)
     def broadcast_coalesced(group, tensors, buffer_size, src=0):
-        if notes_its_calls(dist, group):
-            return function(group, tensors, buffer_size, src)
         count = sum(tensor.numel() for tensor in tensors)
         dtypes = {tensor.dtype for tensor in tensors}
         dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None
@@ -185,15 +183,6 @@ def _wrap_coalesced(dist, function):
             _state.leave(done)
 
     return broadcast_coalesced
-
-
-def notes_its_calls(dist, group):
-    """Whether *group* (``None``: the default group) is one whose calls go through traced MPI calls (the
-    ``"mpi4py"`` backend, ``rank/torch_backend/``), which note them in its communicator's ledger themselves."""
-    if group is None:
-        group = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
-        group = getattr(group, "default_pg", None)
-    return getattr(group, "notes_its_calls", False)
 
 
 def note(dist, group, op, root, count, dtype, *, name=None):

@@ -51,7 +51,10 @@ class ActionHandler(APIHandler):
         if kernel_id not in manager.list_kernel_ids():
             return self._refuse(404, f"kernel {kernel_id} is not running in this server")
         body = self.get_json_body() or {}
-        busy = manager.get_kernel(kernel_id).execution_state == "busy"
+        # a %%mpi cell running, as the kernel's state file says; else the status the server last heard (which reads
+        # idle after a message of another channel, the debugger's or a widget's, while the cell still runs)
+        state = panel_files.read_json(panel_files.state_path(kernel_id, panel_files.panel_dir())) or {}
+        busy = state.get("cell") is not None or manager.get_kernel(kernel_id).execution_state == "busy"
         if action == "stop":
             if not busy:
                 return self._refuse(409, "no cell is running: there is nothing to stop")

@@ -1,4 +1,4 @@
-"""Live charts of a :class:`~mpinb.notebook.history.History`: one bqplot figure per metric, one curve per rank,
+"""Live charts of a :class:`~mpinb.notebook.models.history.History`: one bqplot figure per metric, one curve per rank,
 and the per-rank table under them. Updated in place: each changed curve is one comm message (x and y together,
 as binary arrays), so a refresh costs a message per changed curve, whatever the reporting rate.
 """

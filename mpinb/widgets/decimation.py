@@ -1,5 +1,5 @@
 """Few enough points of a long curve to draw: the live charts and their static images redraw every reported value's
-curve from here, and nothing is decimated in the data they read (``notebook/history.py`` keeps every value)."""
+curve from here, and nothing is decimated in the data they read (``notebook/models/history.py`` keeps every value)."""
 
 import numpy as np
 

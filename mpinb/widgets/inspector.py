@@ -1,5 +1,5 @@
 """The tensor inspector shown after ``%%mpi --gather``: per leaf, per rank statistics and one verdict, drawn from
-the reports ``notebook/leaf_reports.py`` computes: :func:`inspector_text` and :func:`inspector_widget` render
+the reports ``notebook/models/leaf_reports.py`` computes: :func:`inspector_text` and :func:`inspector_widget` render
 them.
 """
 

@@ -102,7 +102,7 @@ class Folding:
 
     @classmethod
     def of(cls, trace, **options):
-        """The folding of a :class:`~mpinb.notebook.traces.Trace`'s spans."""
+        """The folding of a :class:`~mpinb.notebook.models.traces.Trace`'s spans."""
         return cls(trace["start"].to_numpy(dtype=np.float64), trace["end"].to_numpy(dtype=np.float64), **options)
 
     def fold(self, seconds):
@@ -263,14 +263,14 @@ def _lanes(rows):
 
 
 class TimelineWidget:
-    """A zoomable timeline of a :class:`~mpinb.notebook.traces.Trace` with its summary table under it.
+    """A zoomable timeline of a :class:`~mpinb.notebook.models.traces.Trace` with its summary table under it.
 
     Parameters
     ----------
     trace : Trace
-        The spans (from :func:`mpinb.notebook.traces.frame`); only read here.
+        The spans (from :func:`mpinb.notebook.models.traces.frame`); only read here.
     summary : Summary
-        From :func:`mpinb.notebook.traces.summarize`: the straggler, the table and the waits drawn in red.
+        From :func:`mpinb.notebook.models.traces.summarize`: the straggler, the table and the waits drawn in red.
     max_segments : int, default 2000
         Bars drawn per rank's lane at most; closer calls of one operation are merged into one bar for drawing.
 
@@ -290,8 +290,8 @@ class TimelineWidget:
 
     Example::
 
-        trace = mpinb.notebook.traces.frame(spans_by_rank)
-        display(TimelineWidget(trace, mpinb.notebook.traces.summarize(trace)).widget)
+        trace = mpinb.notebook.models.traces.frame(spans_by_rank)
+        display(TimelineWidget(trace, mpinb.notebook.models.traces.summarize(trace)).widget)
     """
 
     def __init__(self, trace, summary, *, max_segments=2000):

@@ -1,4 +1,4 @@
-"""What computing a trace's summary (``notebook/traces.py``) and drawing its timeline both read off a trace's rows:
+"""What computing a trace's summary (``notebook/models/traces.py``) and drawing its timeline both read off a trace's rows:
 how an operation is named where it is shown, which ranks were traced, which calls were made inside others."""
 
 import numpy as np

@@ -1,6 +1,6 @@
 """A traced cell's summary drawn: the sentence saying who held whom up, then one row per rank (its communication and
 compute time, bytes, waits, slowest call), as aligned text for terminals and as an HTML table. The summary itself
-is computed in ``notebook/traces.py``."""
+is computed in ``notebook/models/traces.py``."""
 
 import html
 

@@ -144,7 +144,7 @@ class Opener:
         self.building.pop(sender, None)  # a message of the sender's cut short by this one is dropped
         lengths = struct.unpack(f"<{len(sizes) // 8}Q", sizes)
         # not zero-filled first (bytearray would be): decrypt_into writes every byte, and the parts become the
-        # gathered values themselves (notebook/gather.py does not copy memory it owns)
+        # gathered values themselves (notebook/cell/gather.py does not copy memory it owns)
         parts = [np.empty(length, dtype=np.uint8) for length in lengths]
         chunks = list(_chunks([memoryview(part) for part in parts]))
         i, start, end = chunks[0]

@@ -1,6 +1,6 @@
 """What notebook and ranks agree on about gathered values: the records a rank sends them in (one per transport),
 and which leaves a rank leaves undescribed (the rank skips their statistics and the notebook computes them in its
-one pass over every rank's copy, ``notebook/scan.py``)."""
+one pass over every rank's copy, ``notebook/models/scan.py``)."""
 
 from dataclasses import dataclass
 

@@ -1,6 +1,6 @@
 """The collective a rank's main thread waits in, mirrored in a small file: written by the rank's ledger
 (``rank/tracing/ledger.py``) as it enters and leaves each collective, read by the notebook
-(``notebook/mismatch.py``) when the rank cannot answer a roll call (a pickle-based collective holds the GIL while
+(``notebook/diagnosis/mismatch.py``) when the rank cannot answer a roll call (a pickle-based collective holds the GIL while
 it waits) or has died (MPI ended the job over a count or type mismatch)."""
 
 import struct

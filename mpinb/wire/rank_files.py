@@ -1,8 +1,8 @@
 """The files each rank keeps for the notebook in the world's private directory, named after the one its
 faulthandler dumps stacks to (``mpinb-stacks-<pid>``, sent in the rank's :class:`~mpinb.wire.kinds.Hello`), and
 the signal that asks for the dump. The rank writes them (``rank/stacks.py``, ``rank/tracing/ledger.py``); the
-notebook reads them after a rank is stuck or gone (``notebook/diagnose.py``, ``mismatch.py``) and removes them with
-the world (``notebook/reaper.py``)."""
+notebook reads them after a rank is stuck or gone (``notebook/diagnosis/diagnose.py``, ``mismatch.py``) and removes them with
+the world (``notebook/world/reaper.py``)."""
 
 import os
 import signal
@@ -10,7 +10,7 @@ import socket
 
 STACK_SIGNAL = signal.SIGUSR2  # a rank dumps every thread's stack to its stack file on it
 # in the ranks' environment: the pid of the kernel, which the rank's launcher lets ptrace it (and py-spy, the kernel's
-# child, read its native stack) where Linux's Yama allows only ancestors (``rank/launch.py``, ``notebook/native/``)
+# child, read its native stack) where Linux's Yama allows only ancestors (``rank/launch.py``, ``notebook/diagnosis/native/``)
 TRACER_ENV = "MPINB_TRACER"
 
 

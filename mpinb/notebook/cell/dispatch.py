@@ -1,15 +1,15 @@
 """A cell dispatched to the ranks: checked against the world first (a rank dead since the last cell), sent, and
 its replies turned into a :class:`CellResult` of values or one error. The path of a cell, one name per step:
 the magics' ``CellRunner.run`` (``running.py``) dispatches it here, it is in flight in
-:class:`~mpinb.notebook.in_flight.InFlight`, and each rank executes it (``rank/runner.py``'s ``execute``)."""
+:class:`~mpinb.notebook.cell.in_flight.InFlight`, and each rank executes it (``rank/runner.py``'s ``execute``)."""
 
 import dataclasses
 import sys
 from dataclasses import dataclass, field
 
-from ..errors import GatherError, MPIError, RankError
-from ..wire.kinds import CellOptions
-from ..wire.ranks import label_ranks
+from ...errors import GatherError, MPIError, RankError
+from ...wire.kinds import CellOptions
+from ...wire.ranks import label_ranks
 from .in_flight import InFlight
 from .rank_errors import RESTART, died_earlier
 from .gather import missing_message
@@ -92,21 +92,21 @@ def dispatch(world, code, *, ranks=None, options=None, **settings):
     """Run *code* on *ranks* of *world* (default: all) and return a :class:`CellResult`.
 
     Output is printed as it arrives when *stream* is true, each line labelled ``[rank R]``. Metric batches
-    from ``mpinb.report()`` go to *metrics* (a :class:`~mpinb.notebook.live.LiveMetrics`), which is ticked between
+    from ``mpinb.report()`` go to *metrics* (a :class:`~mpinb.notebook.cell.live.LiveMetrics`), which is ticked between
     messages. *options* (:class:`~mpinb.wire.kinds.CellOptions`) travel with the cell to the ranks' agents.
 
     The cell is stopped — each running rank's stack captured first, then SIGINT — when *timeout* seconds pass,
     when a rank has failed and the others have not finished *abort_grace* seconds later (they are most likely
     waiting for it in a collective; ``None`` waits for them), or on ``KeyboardInterrupt`` (raised again
     afterwards). Where each running rank is, is printed at once. Ranks that do not answer the interrupt within
-    *interrupt_grace* seconds (:data:`~mpinb.notebook.in_flight.COMMUNICATION_GRACE` when all of them wait in
+    *interrupt_grace* seconds (:data:`~mpinb.notebook.cell.in_flight.COMMUNICATION_GRACE` when all of them wait in
     communication) are listed in ``result.stuck``. A rank whose process dies is reported, with what mpiexec
-    said about it, within *liveness_every* seconds. *status* (a :class:`~mpinb.notebook.live.CellStatus`) is
+    said about it, within *liveness_every* seconds. *status* (a :class:`~mpinb.notebook.cell.live.CellStatus`) is
     ticked as the cell runs.
 
     When a rank has waited *collective_wait* seconds in one collective, every rank is asked where it is, and
     ranks proven to be in different collectives stop the cell (``result.mismatch``; ``None`` turns it off).
-    Spans of a traced cell go to *trace* (a :class:`~mpinb.notebook.live.LiveTrace`). With *recover*, ranks stuck in MPI
+    Spans of a traced cell go to *trace* (a :class:`~mpinb.notebook.cell.live.LiveTrace`). With *recover*, ranks stuck in MPI
     after the interrupt are let out where the other ranks can complete what they wait for (``recover.py``):
     ``result.recovered`` says how, ``result.unrecoverable`` why not; meanwhile a line made by *progress* (a
     callable returning a :class:`~mpinb.widgets.views.Progress`) says what the recovery is doing.

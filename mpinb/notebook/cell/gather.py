@@ -2,8 +2,8 @@
 
 import pickle
 
-from ..wire.gathered import AllRanks, InFrames, InSegment, Packed, Unsent, ViaRoot
-from ..wire.ranks import format_ranks, label_ranks
+from ...wire.gathered import AllRanks, InFrames, InSegment, Packed, Unsent, ViaRoot
+from ...wire.ranks import format_ranks, label_ranks
 
 
 def unpack(segments, rank, gathered, buffers):

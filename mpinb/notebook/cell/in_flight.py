@@ -7,17 +7,17 @@ import time
 
 from IPython.core.error import StdinNotImplementedError
 
-from ..errors import MPIError, RankLost
-from ..wire.ranks import label_ranks
-from . import gather, native, panel, stops, visual_debugger
-from ..wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Kept, Metrics, Out, Reply, Settled,
+from ...errors import MPIError, RankLost
+from ...wire.ranks import label_ranks
+from .. import panel, stops
+from ..debug import visual_debugger
+from ..diagnosis import native
+from . import gather
+from ...wire.kinds import (CellReply, DebugAnswer, DebugStopped, Input, Kept, Metrics, Out, Reply, Settled,
                           TraceSpans, Waiting, Where)
-from .diagnose import capture_stacks
-from .mismatch import MismatchWatch, after_cell, at_death, left_apart
+from ..diagnosis import MismatchWatch, Recovery, after_cell, at_death, capture_stacks, differences, left_apart
 from .perrank import PerRank
 from .rank_errors import announce, check_deaths, died_earlier, lost, stopped, why_stuck
-from .replicas import differences
-from .recover import Recovery
 
 COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
 
@@ -27,7 +27,7 @@ LEFT_APART = 2_000_000  # roll-call numbers of the check after a stopped cell, a
 
 class InFlight:
     """The state of one running cell; :meth:`run` waits for it and returns its :class:`CellResult`. The
-    settings are :func:`~mpinb.notebook.dispatch.dispatch`'s."""
+    settings are :func:`~mpinb.notebook.cell.dispatch.dispatch`'s."""
 
     def __init__(self, world, code, result, settings):
         self.world, self.code, self.result, self.settings = world, code, result, settings

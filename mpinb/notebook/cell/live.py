@@ -8,8 +8,8 @@ alerts (a metric that became NaN) print as they are found and the per-rank table
 import sys
 import time
 
-from ..widgets import views
-from ..widgets.summary import summary_text
+from ...widgets import views
+from ...widgets.summary import summary_text
 
 # JupyterLab breaks an output's <pre> anywhere (word-break: break-all): 'cal/l'; lines break between words here
 PRE_WRAP = "white-space:pre-wrap;word-break:normal;overflow-wrap:break-word"
@@ -82,7 +82,7 @@ class LiveMetrics:
 
     def _refresh(self, now, *, live, finished=()):
         if self.view is None:
-            from ..widgets.charts import MetricsWidget
+            from ...widgets.charts import MetricsWidget
 
             self.view = MetricsWidget(self.history, max_points=self.max_points)
         if live and not self.displayed and now - self.started >= self.show_after:
@@ -96,7 +96,7 @@ class LiveMetrics:
 
 
     def _static(self):
-        from ..widgets.static import metrics_bundle
+        from ...widgets.static import metrics_bundle
 
         log = {key: toggle.value for key, toggle in self.view.log_toggles.items() if toggle.value}
         return metrics_bundle(self.history, list(self.runs), log=log)
@@ -157,7 +157,7 @@ class CellStatus:
 
 class LiveTrace:
     """The trace of one ``%%mpi --trace`` cell: every rank's spans as their batches arrive, and at the end the
-    :class:`~mpinb.notebook.traces.Trace`, its summary, and the timeline (a widget in a notebook, text in a terminal).
+    :class:`~mpinb.notebook.models.traces.Trace`, its summary, and the timeline (a widget in a notebook, text in a terminal).
 
     Parameters
     ----------
@@ -182,7 +182,7 @@ class LiveTrace:
 
     def finish(self, ranks=()):
         """The cell ended: build the trace, show it, and return it."""
-        from .traces import frame, summarize
+        from ..models import frame, summarize
 
         for rank in ranks:
             self.spans.setdefault(rank, [])
@@ -194,13 +194,13 @@ class LiveTrace:
 
 def show_trace(trace, summary=None, *, view):
     """Display *trace*: the timeline widget and summary table in a notebook, the summary as text elsewhere."""
-    from ..widgets import trace_summary
-    from .traces import summarize
+    from ...widgets import trace_summary
+    from ..models import summarize
 
     summary = summary or summarize(trace)
     if view == "widgets":
-        from ..widgets.timeline import timeline_bundle
-        from ..widgets.timeline import TimelineWidget
+        from ...widgets.timeline import timeline_bundle
+        from ...widgets.timeline import TimelineWidget
 
         views.show_at_end(lambda: TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary),
                           name="timeline")

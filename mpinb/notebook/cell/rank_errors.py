@@ -5,11 +5,11 @@ cell is stopped."""
 import signal
 import sys
 
-from ..errors import RankLost
-from ..wire.kinds import CellReply
-from ..wire.ranks import label_ranks
-from .diagnose import death_report, fatal_stack, last_stderr
-from .native import in_error
+from ...errors import RankLost
+from ...wire.kinds import CellReply
+from ...wire.ranks import label_ranks
+from ..diagnosis import death_report, fatal_stack, last_stderr
+from ..diagnosis.native import in_error
 
 
 RESTART = ("%mpi restart starts a fresh world of the same size, with every rank's variables as of the last cell "
@@ -84,7 +84,7 @@ def stopped(result, rank, code, timeout, grace, *, answered):
 def _paused(stack, code):
     """``paused in the debugger at cell line 5`` for a rank that waited in the visual debugger's panel (its
     frames below the cell's are the debugger's, never shown), else ``None``."""
-    from ..rank.visual_debugger import paused_in
+    from ...rank.visual_debugger import paused_in
 
     if stack is None or not paused_in(stack.frames):
         return None

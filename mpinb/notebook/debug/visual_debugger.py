@@ -29,8 +29,8 @@ import sys
 import threading
 import time
 
-from ..wire import debug_ids
-from ..wire.kinds import DebugCommand, DebugSetup
+from ...wire import debug_ids
+from ...wire.kinds import DebugCommand, DebugSetup
 
 CHOSEN_WAIT = 1.0  # seconds another rank's stop waits for the chosen rank's before the panel shows it
 ANSWER_TIMEOUT = 30.0  # seconds a rank gets to answer one request of the panel

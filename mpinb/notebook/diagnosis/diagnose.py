@@ -12,10 +12,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ..rank.run_script import script_in
-from ..rank.stacks import WRAPPERS, aborts
-from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
-from .reaper import alive
+from ...rank.run_script import script_in
+from ...rank.stacks import WRAPPERS, aborts
+from ...wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
+from ..world.reaper import alive
 
 RECORD_WAIT = 5.0  # s more that a death's record is waited for while the launcher that writes it runs
 

@@ -11,10 +11,10 @@ cell without entering it); a rank that is merely late is waited for, and asked a
 import dataclasses
 import time
 
-from ..wire.mirror import read_mirror
-from ..wire.rank_files import ledger_path
-from ..wire.kinds import Wait, Waiting, Where, WhereAnswer
-from ..wire.ranks import label_ranks
+from ...wire.mirror import read_mirror
+from ...wire.rank_files import ledger_path
+from ...wire.kinds import Wait, Waiting, Where, WhereAnswer
+from ...wire.ranks import label_ranks
 from .advice import advice
 from .diagnose import RankStack, capture_stacks
 

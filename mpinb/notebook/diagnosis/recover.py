@@ -11,8 +11,8 @@ that differs by rank), nothing is attempted and mpinb restarts the world as befo
 
 import time
 
-from ..wire.kinds import Settled, Where, WhereAnswer
-from ..wire.ranks import label_ranks
+from ...wire.kinds import Settled, Where, WhereAnswer
+from ...wire.ranks import label_ranks
 from . import mismatch
 
 

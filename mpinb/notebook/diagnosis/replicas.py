@@ -3,7 +3,7 @@
 Each difference is said once per model and kind, in one line with the tensors, the ranks and the likely fix.
 """
 
-from ..wire.ranks import label_ranks
+from ...wire.ranks import label_ranks
 
 
 def differences(replies, said):

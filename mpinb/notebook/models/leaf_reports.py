@@ -3,7 +3,7 @@ rank's largest difference to the first rank's copy, and one verdict.
 
 :func:`inspect_gathered` builds plain reports (tests assert on them), which ``widgets/inspector.py`` draws.
 Statistics come from the ranks, except for large float arrays, whose statistics are taken here in the pass that
-compares each rank with the first (:mod:`mpinb.notebook.scan`).
+compares each rank with the first (:mod:`mpinb.notebook.models.scan`).
 """
 
 import math
@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..rank.gather import (
+from ...rank.gather import (
     HISTOGRAM_SAMPLE,
     computable,
     framework_array,
     histogram,
     leaf_stats,
 )
-from ..widgets.text import number
-from ..wire.gathered import scannable
-from ..wire.ranks import label_ranks
+from ...widgets.text import number
+from ...wire.gathered import scannable
+from ...wire.ranks import label_ranks
 from .scan import scan
 
 
@@ -73,7 +73,7 @@ def inspect_gathered(gathered, stats):
 
 
 def _scan(report, leaves):
-    """Statistics the ranks left to the notebook, and the comparison, in one pass (:mod:`mpinb.notebook.scan`) when
+    """Statistics the ranks left to the notebook, and the comparison, in one pass (:mod:`mpinb.notebook.models.scan`) when
     every rank's copy is a large float array like the first's; False (nothing changed) when it cannot."""
     if not all(report.stats[rank].get("scan") for rank in leaves):
         return False

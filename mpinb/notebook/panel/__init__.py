@@ -5,9 +5,9 @@ Outside a Jupyter kernel these do nothing."""
 import atexit
 import logging
 
-from .publisher import Publisher, kernel_id
+from .publisher import EVERY, Publisher, kernel_id
 
-__all__ = ["cell_ended", "cell_started", "feed", "publisher"]
+__all__ = ["cell_ended", "cell_started", "feed", "publisher", "start", "stop"]
 
 log = logging.getLogger("mpinb")
 
@@ -26,6 +26,25 @@ def publisher():
             _publisher.start()
             atexit.register(_publisher.close)
     return _publisher
+
+
+def start(kernel, *, directory=None, every=EVERY):
+    """Publish this process's world as kernel *kernel*'s (in *directory*, default ``wire/panel_files``'s), in place
+    of any publisher started before: for a shell that is not a Jupyter kernel (the panel's benchmark)."""
+    global _publisher, _looked
+    stop()
+    _looked = True
+    _publisher = Publisher(kernel, every=every, directory=directory)
+    _publisher.start()
+    return _publisher
+
+
+def stop():
+    """Stop publishing (the state file is removed): the next cell runs without the panel."""
+    global _publisher
+    if _publisher is not None:
+        _publisher.close()
+        _publisher = None
 
 
 def cell_started(world, number, ranks, code):

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import BadArguments, MPIError, StartInterrupted
-from ..wire.channel import Channel
-from ..wire.ranks import label_ranks
-from . import ipp, leftovers, mpis, status, stops
+from ...errors import BadArguments, MPIError, StartInterrupted
+from ...wire.channel import Channel
+from ...wire.ranks import label_ranks
+from .. import stops
+from . import ipp, leftovers, mpis, status
 from .kept_state import KeptState
 from .launchers import Placement
 from .lifecycle import Lifecycle, State
@@ -553,7 +554,7 @@ class World:
 
     def _start_reaper(self, processes=None):
         """A watcher that ends this world's *processes* (default: all it knows) if this process dies without
-        stopping it (``notebook/reaper.py``); it replaces the one started before."""
+        stopping it (``notebook/world/reaper.py``); it replaces the one started before."""
         self._reaper = leftovers.start_reaper(self._processes if processes is None else processes,
                                               self.status_dir, job=self.job, kept=self.kept_state.root,
                                               previous=self._reaper or self.kept_state.release())

@@ -7,7 +7,7 @@ cores the start's processes sat idle for that quarter second (``benchmarks/profi
 ``/proc/stat``). Here ``init_hub`` runs with that module's ``time.sleep`` a no-op; the controller is otherwise
 ipyparallel's own, its options and configuration included.
 
-    python -m mpinb.notebook.controller [ipcontroller options]
+    python -m mpinb.notebook.world.controller [ipcontroller options]
 """
 
 import contextlib

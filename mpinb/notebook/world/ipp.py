@@ -13,13 +13,13 @@ from pathlib import Path
 from ipyparallel.cluster.launcher import (BatchSystemLauncher, LocalProcessLauncher, MPIEngineSetLauncher,
                                           find_launcher_class)
 
-from ..errors import BadArguments
+from ...errors import BadArguments
 
 PRIVATE = {  # what is used -> why no public API does
     "BatchSystemLauncher._run_command": "the only place the scheduler's refusal (sbatch's stderr) can be read",
     "Cluster._async_thread, Cluster._thread_loop": "the event-loop thread *_sync calls start is never stopped",
     "IPController.init_hub's time.sleep": "a fixed 0.25 s before the connection files are written; no setting "
-                                          "skips it (notebook/controller.py)",
+                                          "skips it (notebook/world/controller.py)",
 }
 
 

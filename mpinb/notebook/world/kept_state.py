@@ -14,8 +14,8 @@ import shutil
 import tempfile
 import time
 
-from ..wire.kinds import Kept
-from ..wire.ranks import label_ranks
+from ...wire.kinds import Kept
+from ...wire.ranks import label_ranks
 
 
 _roots = set()  # every snapshot folder this kernel made, removed at its exit whatever became of the worlds
@@ -28,7 +28,7 @@ def _remove_all():
 
 
 class KeptState:
-    """The snapshot folders of one :class:`~mpinb.notebook.cluster.World` across its starts."""
+    """The snapshot folders of one :class:`~mpinb.notebook.world.cluster.World` across its starts."""
 
     def __init__(self):
         self.enabled = True
@@ -157,7 +157,7 @@ def restore(world, on_ranks, fresh=False):
     """After a world was started again (``%mpi restart``, or by mpinb itself): put back every rank's variables as
     of the last cell every rank finished and kept, and say what was restored and what was not (lines to print). *on_ranks(function, *args)* calls a
     rank-side function on every rank (``WorldCommands._on_ranks``)."""
-    from ..rank import snapshots
+    from ...rank import snapshots
 
     kept = world.kept_state
     previous = kept.previous

@@ -12,7 +12,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 
-from ..errors import BadArguments
+from ...errors import BadArguments
 from . import ipp
 
 

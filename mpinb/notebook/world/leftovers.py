@@ -11,7 +11,7 @@ import psutil
 
 
 def start_reaper(processes, status_dir, *, job=None, kept=None, previous=None):
-    """A watcher (``python -m mpinb.notebook.reaper``) that ends *processes*, cancels *job* and removes the folder
+    """A watcher (``python -m mpinb.notebook.world.reaper``) that ends *processes*, cancels *job* and removes the folder
     *kept* (the ranks' kept variables), if this process dies without stopping its world; *previous*, the one
     started before the ranks registered, is stopped."""
     items = []
@@ -25,7 +25,7 @@ def start_reaper(processes, status_dir, *, job=None, kept=None, previous=None):
     if previous is not None:
         previous.kill()
         previous.wait(timeout=5)
-    return subprocess.Popen([sys.executable, "-m", "mpinb.notebook.reaper", *cancel, str(os.getpid()), status_dir,
+    return subprocess.Popen([sys.executable, "-m", "mpinb.notebook.world.reaper", *cancel, str(os.getpid()), status_dir,
                              *items], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 

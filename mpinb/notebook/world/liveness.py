@@ -9,7 +9,7 @@ from .reaper import has_ended
 
 
 class Liveness:
-    """The dead-rank checks of *world* (a :class:`~mpinb.notebook.cluster.World`, read only: its ``identities``,
+    """The dead-rank checks of *world* (a :class:`~mpinb.notebook.world.cluster.World`, read only: its ``identities``,
     ``engines``, ``client``, :meth:`local_ranks` and :meth:`launcher_ended`)."""
 
     def __init__(self, world):

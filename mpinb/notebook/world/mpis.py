@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 
-from ..errors import BadArguments, NoMPI
+from ...errors import BadArguments, NoMPI
 
 FAMILIES = {"mpich": "MPICH", "openmpi": "Open MPI", "impi": "Intel MPI"}
 SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40", "impi": "libmpi.so.12"}

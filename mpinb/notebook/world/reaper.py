@@ -1,13 +1,13 @@
 """Watch the notebook's kernel; if it dies without stopping its world (SIGKILL, OOM), end the world's processes.
 
-Started by :class:`~mpinb.notebook.cluster.World` in a session of its own, so a kill of the kernel's process group does
+Started by :class:`~mpinb.notebook.world.cluster.World` in a session of its own, so a kill of the kernel's process group does
 not take it along. It ends only the processes it was given, each checked by pid *and* start time, and exits as
 soon as they are all gone or the world is stopped normally. A world in a batch job also gives the command that
 cancels the job (``--cancel "scancel 1234"``), run when the kernel dies. A world that keeps its ranks' variables
 gives the folder they are kept in (``--forget DIR``): it is for a restart in the same kernel, so it is removed
 when the kernel dies, also after the world's processes ended (then the reaper waits for the kernel).
 
-    python -m mpinb.notebook.reaper [--cancel COMMAND] [--forget DIR] KERNEL_PID STATUS_DIR PID:START_TIME ...
+    python -m mpinb.notebook.world.reaper [--cancel COMMAND] [--forget DIR] KERNEL_PID STATUS_DIR PID:START_TIME ...
 """
 
 import os
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from ..wire.rank_files import every_path, stack_path
+from ...wire.rank_files import every_path, stack_path
 
 
 def main(argv):

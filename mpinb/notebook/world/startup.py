@@ -8,11 +8,12 @@ import re
 import sys
 import time
 
-from ..errors import BadArguments, MPIError, StartInterrupted
-from ..rank import agent
-from ..rank import world as rank_world
-from ..wire.rank_files import TRACER_ENV, tracer
-from . import ipp, leftovers, mpis, stops
+from ...errors import BadArguments, MPIError, StartInterrupted
+from ...rank import agent
+from ...rank import world as rank_world
+from ...wire.rank_files import TRACER_ENV, tracer
+from .. import stops
+from . import ipp, leftovers, mpis
 from .launchers import is_this_host
 from .reaper import alive
 
@@ -178,7 +179,7 @@ class Startup:
         # the controller carries the world's mark too, and so does every process it forks: stop finds them all
         config.LocalControllerLauncher.environment = {leftovers.MARK: world.status_dir}
         # ipyparallel's controller, less a quarter second's sleep before it writes its connection files
-        config.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "mpinb.notebook.controller"]
+        config.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "mpinb.notebook.world.controller"]
         if world.loopback:
             environment.update(LOOPBACK_ENV)
         local = not world.placement.batch and not world.placement.hostfile
@@ -327,7 +328,7 @@ class Startup:
     def _progress_line(self):
         progress = self.world.progress
         if progress is True:
-            from ..widgets.views import Progress
+            from ...widgets.views import Progress
 
             return Progress(notebook=False)
         return progress() if callable(progress) else None

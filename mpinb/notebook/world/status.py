@@ -3,7 +3,7 @@ ranks run."""
 
 import logging
 
-from ..wire.ranks import label_ranks
+from ...wire.ranks import label_ranks
 
 log = logging.getLogger("mpinb")
 

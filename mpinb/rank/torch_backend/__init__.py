@@ -1,6 +1,12 @@
 """A ``torch.distributed`` backend over mpi4py: DistributedDataParallel, FSDP and every ``dist.*`` call go through
 MPI on the world's communicators (and, under ``%%mpi``, through mpinb's ledger of collectives) instead of gloo.
 
+Each call is in the rank's ledger of collectives as torch's call (``all_reduce(4 x float32)`` on ``torch:default``,
+a DDP step as ``DDP all_reduce``), as for gloo, and in a traced cell each MPI call, DDP's gradient buckets
+included, is a span of its own. Before its data moves, every collective checks with one small ``Allgather`` that
+every rank makes the same call with the same size and dtype: a mismatch raises on every rank, naming each rank's
+call, where MPI would end the job ("message truncated") or wait for ever.
+
 Registered as ``"mpi4py"`` (torch keeps ``"mpi"`` for its own from-source backend) when ``torch.distributed`` is
 imported on a rank, or by :func:`register`::
 
@@ -28,7 +34,9 @@ def register():
 def use_communicator(comm):
     """Make the next default group over *comm* instead of ``MPI.COMM_WORLD`` (``mpinb.torch.init_process_group``
     with ``comm=``)."""
-    _base[:] = [comm] if comm is not None else []
+    from mpi4py import MPI
+
+    _base[:] = [comm] if comm is not None and comm != MPI.COMM_WORLD else []
 
 
 def _create(options, backend_options=None):
@@ -43,12 +51,12 @@ def _create(options, backend_options=None):
     ranks = list(options.global_ranks_in_group or [])
     rank, size = options.group_rank, options.group_size
     if not ranks or _default is None:
-        base = _base[0] if _base else MPI.COMM_WORLD
+        base = _base[0] if _base else _world()
         if (base.Get_rank(), base.Get_size()) != (rank, size):
             raise RuntimeError(f"backend {NAME!r} takes its ranks from MPI: this process is rank {base.Get_rank()} "
                                f"of {base.Get_size()} there, but torch was given rank {rank} of {size} (RANK and "
                                "WORLD_SIZE must be the MPI rank and size; every %%mpi world has them so)")
-        comm = base.Dup()
+        comm = _untraced(base).Dup()
         _default = comm
         name = "default"
     else:
@@ -61,7 +69,10 @@ def _create(options, backend_options=None):
     if comm.Get_rank() != rank:
         raise RuntimeError(f"backend {NAME!r}: MPI made this process rank {comm.Get_rank()} of group {name}, "
                            f"torch expected rank {rank}")
-    return MPIProcessGroup(_named(comm, f"torch.mpi:{name}"), name)
+    # an MPI error (a message truncated: ranks that passed different sizes) raises in the rank that saw it, as
+    # mpi4py's communicators do, instead of aborting the job
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return MPIProcessGroup(comm, name)
 
 
 _default = None  # the default group's communicator, which sub-groups are made from
@@ -72,12 +83,23 @@ def _tag(ranks):
     return sum((index + 1) * rank for index, rank in enumerate(ranks)) % 32749
 
 
-def _named(comm, name):
-    """*comm*, traced under *name* where mpinb traces MPI calls (a ``%%mpi`` world, ``MPINB_TRACE``): its ledger
-    and spans carry the torch group's name."""
-    from ..tracing import traced
+def _untraced(comm):
+    """*comm* as mpi4py's own class, whose calls are not noted again (a communicator made from a traced one is
+    traced too)."""
     from ..tracing.comms import registry
 
     if registry.installed is None:
         return comm
-    return traced(comm, name)
+    kind = registry.installed["names"]["Intracomm"]
+    return comm if type(comm) is kind else kind(comm)
+
+
+def _world():
+    """``MPI.COMM_WORLD`` as mpi4py made it: where mpinb traces MPI calls its traced copy stands in that name, and
+    a group's calls are noted in the ledger as torch's (``rank/trace_torch.py``, ``rank/trace_ddp.py``) rather than
+    a second time as MPI's."""
+    from mpi4py import MPI
+
+    from ..tracing.comms import registry
+
+    return registry.installed["original"][0] if registry.installed is not None else MPI.COMM_WORLD

@@ -2,7 +2,7 @@
 
 The ledger is cheap enough to keep on every rank all the time (a counter and a short ring per communicator, and
 what the main thread waits in now); it is what lets the notebook catch ranks that entered different collectives
-(``notebook/mismatch.py``). Spans, ``(op, comm, peer, sent, received, start_ns, end_ns, seq, kind, detail)``, are
+(``notebook/diagnosis/mismatch.py``). Spans, ``(op, comm, peer, sent, received, start_ns, end_ns, seq, kind, detail)``, are
 recorded only while a cell runs with ``%%mpi --trace`` or a script runs with ``MPINB_TRACE`` set, into a ring
 buffer of :data:`BUFFER` spans that the rank's agent drains in batches, like ``mpinb.report()`` values.
 ``start_ns``/``end_ns`` are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC: one clock for every rank on a host).

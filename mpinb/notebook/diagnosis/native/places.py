@@ -55,7 +55,7 @@ _MPINB = re.compile(r"/mpinb/(rank|wire|notebook|widgets)/")
 
 
 def python_stack(native, python=None):
-    """A :class:`~mpinb.notebook.diagnose.RankStack` of *native*'s Python frames, its cell known from *python*
+    """A :class:`~mpinb.notebook.diagnosis.diagnose.RankStack` of *native*'s Python frames, its cell known from *python*
     (the faulthandler stack of the same rank, which names the cell's file)."""
     return RankStack(native.rank, frames=native.python, cell_file=getattr(python, "cell_file", ""),
                      cells=getattr(python, "cells", {}))

@@ -21,8 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ...rank.native_stack import PY_SPY, TIMEOUT, command, parse, py_spy
-from ...wire.rank_files import TRACER_ENV, tracer
+from ....rank.native_stack import PY_SPY, TIMEOUT, command, parse, py_spy
+from ....wire.rank_files import TRACER_ENV, tracer
 
 CAP_SYS_PTRACE = 19
 INSTALL = "pip install py-spy"

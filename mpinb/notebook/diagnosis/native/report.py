@@ -2,9 +2,9 @@
 the same captures (``py_spy.capture``, or ``diagnose.capture_stacks`` where it cannot be run) and say them with
 ``places``."""
 
-from ...wire.ranks import label_ranks
+from ....wire.ranks import label_ranks
 from ..diagnose import RankStack, capture_stacks, parse
-from ..lifecycle import State
+from ...world import State
 from . import places, py_spy
 
 
@@ -49,7 +49,7 @@ def stacks(world, ranks, code=""):
 
 
 def _cell_of(world, rank):
-    """The :class:`~mpinb.notebook.diagnose.RankStack` (no frames) that names the file *rank*'s running cell was
+    """The :class:`~mpinb.notebook.diagnosis.diagnose.RankStack` (no frames) that names the file *rank*'s running cell was
     compiled as, read from the notes at the head of its stack file (``rank/stacks.py``)."""
     path = world.stack_files.get(rank)
     try:
