@@ -157,6 +157,12 @@ def holding_up(cell, wheres, finished, now, *, after=0.2):
     # each wait as long as it is now: the answer said how long it was then
     waits = {rank: dataclasses.replace(where.waiting, waited=where.waiting.waited + now - wheres[rank][1])
              for rank, where in fresh.items() if where.waiting is not None and rank not in finished}
+    # a rank already in a later collective on the same communicator: the earlier one completed, and an answer
+    # still saying a rank waits in it was given before it did
+    latest = {}
+    for wait in waits.values():
+        latest[wait.comm] = max(latest.get(wait.comm, wait.seq), wait.seq)
+    waits = {rank: wait for rank, wait in waits.items() if wait.seq == latest[wait.comm]}
     if not waits:
         return {}
     oldest = max(waits.values(), key=lambda wait: wait.waited)
