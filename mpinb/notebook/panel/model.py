@@ -104,7 +104,7 @@ class PanelModel:
                 if 0 <= rank < len(rows) and rows[rank]["rank"] == rank:
                     rows[rank]["holding"] = reason
         return {"world": {key: world[key] for key in ("size", "mpi", "launcher", "hosts", "state", "local")},
-                "cell": None if cell is None else {"number": cell["number"],
+                "cell": None if cell is None or not cell["number"] else {"number": cell["number"],
                                                    "seconds": round(now - cell["started"], 1)},
                 "ranks": rows, "answers": answers}
 
@@ -123,6 +123,8 @@ def _state(rank, cell, seen, finished, prompts, dead, now):
     if cell is None:
         return "idle", "idle"
     number = cell["number"]
+    if not number:  # a %mpi command's own call on the ranks (who, inject, stacks between cells)
+        return "running", "running a %mpi command"
     if rank in finished:
         if finished[rank] == "error":
             return "failed", f"failed in In[{number}]"
