@@ -185,9 +185,13 @@ def _during(world):
 
 
 def _launcher(world):
-    placement = world.placement
-    via = world.mpi.mpiexec if world.mpi is not None else "mpiexec"
-    where = placement.describe(job_id=world.job_id()) if placement is not None else ""
+    """``mpiexec`` (its path), with the batch job or host file the ranks were placed by, as ``%mpi status`` says."""
+    via = world.mpi.mpiexec if getattr(world, "mpi", None) is not None else "mpiexec"
+    placement = getattr(world, "launcher", None) or getattr(world, "placement", None)
+    try:
+        where = placement.describe(job_id=world.job_id()) if placement is not None else ""
+    except Exception:  # noqa: BLE001 - the job asked as it ends: the launcher alone is said
+        where = ""
     return f"{via} ({where})" if where else via
 
 
