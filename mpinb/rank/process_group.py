@@ -135,14 +135,18 @@ def _reachable_address(hosts):
     return address or here
 
 
+MPI4PY = "mpi4py"  # mpinb's backend over mpi4py (rank/torch_backend/)
+
+
 def choose_backend(requested, *, gpus_per_rank, local_size, nccl_available):
     """The backend and whether ranks bind to a GPU: ``(backend, use_cuda, note)``.
 
     *gpus_per_rank* is the fewest GPUs any rank sees. nccl needs a GPU of its own per rank on a host (it
     refuses two ranks on one device), so ranks that would share one use gloo, with their tensors on the GPU.
     """
-    if requested not in (None, "gloo", "nccl", "mpi"):
-        raise ValueError(f"backend must be 'gloo', 'nccl', 'mpi' or None (choose for me), not {requested!r}")
+    if requested not in (None, "gloo", "nccl", "mpi", MPI4PY):
+        raise ValueError(f"backend must be 'mpi4py', 'gloo', 'nccl', 'mpi' or None (choose for me), not "
+                         f"{requested!r}")
     own_gpu = gpus_per_rank >= local_size and gpus_per_rank > 0
     if requested == "nccl":
         if not nccl_available or gpus_per_rank == 0:
@@ -196,6 +200,9 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
         comm = MPI.COMM_WORLD
     if dist.is_initialized():
         return dict(_current) if _current else _existing_group()
+    from . import torch_backend
+
+    torch_backend.register()
     local_rank, local_size = _local_rank_and_size(comm)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     chosen, use_cuda, note = _agreed_backend(comm, backend, gpus=gpus, local_size=local_size)
@@ -203,6 +210,7 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
     if use_cuda:
         device = torch.device("cuda", local_rank % gpus)
         torch.cuda.set_device(device)
+    torch_backend.use_communicator(comm if chosen == MPI4PY else None)
     dist.init_process_group(chosen, init_method=_meeting_point(comm), rank=comm.rank, world_size=comm.size,
                             timeout=datetime.timedelta(seconds=timeout),
                             **({"device_id": device} if chosen == "nccl" else {}))

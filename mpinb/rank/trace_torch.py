@@ -195,6 +195,15 @@ def note(dist, group, op, root, count, dtype, *, name=None):
     return info, info.count, signature, _now()
 
 
+def retract(dist, group):
+    """Take the call just noted on *group*'s ledger out again: every rank refused it before any data moved (the
+    ``"mpi4py"`` backend's check that the ranks agree), so no rank's count of collectives includes it."""
+    ledger = _state.ledgers.get(group_name(dist, group))
+    if ledger is not None and ledger.count and ledger.recent and ledger.recent[-1][0] == ledger.count:
+        ledger.recent.pop()
+        ledger.count -= 1
+
+
 def _ledger(dist, group, name=None):
     name = name or group_name(dist, group)
     ledger = _state.ledgers.get(name)

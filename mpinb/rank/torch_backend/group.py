@@ -55,6 +55,9 @@ class MPIProcessGroup(dist.ProcessGroup):
         if stood_in.any() and (stood_in | (every == mine).all(axis=1)).all():
             return
         calls = [_said(row) for row in every.tolist()]
+        from .. import trace_torch
+
+        trace_torch.retract(dist, self)  # no rank made the call: the ranks' ledgers agree again
         raise RuntimeError(f"ranks of process group {self.label!r} called different collectives: "
                            + "; ".join(_grouped(calls)) + _why(calls))
 
@@ -348,10 +351,15 @@ def _spanned(method, name):
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if state.spans is None:
-            return method(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            except KeyboardInterrupt:
+                return _interrupted_in_backward(args)
         start = now()
         try:
             return method(self, *args, **kwargs)
+        except KeyboardInterrupt:
+            return _interrupted_in_backward(args)
         finally:
             self._spans += 1
             first = args[0] if args else None
@@ -371,6 +379,21 @@ for _name, _call in (("allreduce", "all_reduce"), ("reduce", "reduce"), ("broadc
                      ("_reduce_scatter_base", "reduce_scatter_tensor"), ("alltoall_base", "all_to_all_single"),
                      ("alltoall", "all_to_all"), ("barrier", "barrier")):
     setattr(MPIProcessGroup, _name, _spanned(getattr(MPIProcessGroup, _name), _call))
+
+
+def _interrupted_in_backward(args):
+    """A Stop that lands in a call DDP's reducer made during ``backward()`` (the other ranks completed the call
+    for this one: ``rank/settle.py``) is raised once the backward has ended: raised here, it would leave the
+    reducer half-way through its buckets, and every later step would fail its internal checks. Elsewhere it is
+    raised at once."""
+    if torch._C._current_graph_task_id() == -1:
+        raise KeyboardInterrupt
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    torch.autograd.Variable._execution_engine.queue_callback(interrupt)
+    return work.done(args[0] if args else [])
 
 
 def _in_place():
