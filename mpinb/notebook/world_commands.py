@@ -176,9 +176,9 @@ class WorldCommands:
             if visual_debugger.setup() is None:
                 raise UsageError("%mpi debug R --panel shows the rank in JupyterLab's debugger panel: switch the "
                                  "debugger on first (the bug icon in the notebook's toolbar), or use %mpi debug R")
-            from ..rank.visual_debugger import post_mortem
+            from ..rank.debug.visual_debugger import post_mortem
         else:
-            from ..rank.debug import post_mortem
+            from ..rank.debug.post_mortem import post_mortem
 
         result = self._on_ranks(post_mortem, ranks=[rank])
         result.raise_for_errors()

@@ -57,11 +57,11 @@ class RollCall(threading.Thread):
                     case kinds.RollCall(number):
                         self._send(Where(self.rank, self.cell, dataclasses.replace(self.where(), asked=number)))
                     case Stdin(line):
-                        from . import debug
+                        from .debug import post_mortem as debug
 
                         debug.answer(line)
                     case DebugCommand() as command:
-                        from . import visual_debugger
+                        from .debug import visual_debugger
 
                         visual_debugger.request(command)
                     case AskStack(number):
@@ -83,7 +83,7 @@ class RollCall(threading.Thread):
         self.socket.close()
 
     def _native(self, number):
-        from .native_stack import own
+        from .debug.native_stack import own
 
         self.outcomes.put(Native(self.rank, number, *own()))
 

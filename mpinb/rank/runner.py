@@ -14,7 +14,7 @@ from . import stacks
 
 _RESULT = "_mpinb_cell_value"
 # the frames between the agent and the cell: this module's, and the visual debugger's that runs a cell under it
-RUNNER_FILES = (__file__, os.path.join(os.path.dirname(__file__), "visual_debugger.py"))
+RUNNER_FILES = (__file__, os.path.join(os.path.dirname(__file__), "debug", "visual_debugger.py"))
 # what runs a script file for %mpi run, called by a one-line cell: that line and its frames are not the user's code
 SCRIPT_RUNNER = os.path.join(os.path.dirname(__file__), "run_script.py")
 
@@ -38,7 +38,7 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None):
     *source* is *code* as the notebook's IPython transformed it already (the same for every rank; the rank's
     own shell transforms *code* when it is not given).
     With *debug* (a :class:`~mpinb.wire.kinds.DebugSetup`: the kernel's visual debugger is on), the cell runs
-    under the rank's end of that debugger when it has breakpoints or exception filters (``visual_debugger.py``).
+    under the rank's end of that debugger when it has breakpoints or exception filters (``debug/visual_debugger.py``).
     Exceptions never escape: they come back described, so one failing rank never turns into a lost reply.
     The value is returned as it is; whoever sends it uses :func:`stand_in` if it does not pickle.
     """
@@ -62,7 +62,7 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None):
             _debugged(debug, filename, compiled, namespace)
         value = namespace.pop(_RESULT, None)
     except BaseException as exc:  # noqa: BLE001 - every failure, KeyboardInterrupt too, is reported
-        from . import debug
+        from .debug import post_mortem as debug
 
         debug.keep(exc)  # for %mpi debug
         return CellReply(error=describe_error(exc, shell))
@@ -75,7 +75,7 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None):
 
 
 def _debugged(debug, filename, compiled, namespace):
-    from . import visual_debugger
+    from .debug import visual_debugger
 
     visual_debugger.cell_paths[filename] = (debug.path, debug.offset)
     if debug.armed:

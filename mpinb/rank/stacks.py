@@ -28,7 +28,7 @@ SIGNAL = STACK_SIGNAL
 # mpinb's wrappers around MPI calls (the modules of rank/tracing/, rank/trace_torch.py), and
 # the guards that stand in for what a rank must not call (rank/guards.py): not
 # where the user's code is, so left out of the stacks and tracebacks users see; and Python's bdb, which the visual
-# debugger (rank/visual_debugger.py) runs a cell under: its frames sit above the line a rank is paused at
+# debugger (rank/debug/visual_debugger.py) runs a cell under: its frames sit above the line a rank is paused at
 WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
     "intercept", "calls", "comms", "arguments", "ledger", "script")) + (
     "mpinb/rank/trace_torch.py", "mpinb/rank/guards.py", "mpinb/rank/trace_ddp.py", "mpinb/rank/sampler_epochs.py",

@@ -139,7 +139,7 @@ class Channel:
 
     def native(self, ranks, number, timeout):
         """Ask *ranks*' roll-call threads for their main thread's native stack, read by py-spy on their host:
-        ``{rank: (frames, note)}`` of those that answered within *timeout* seconds (``rank/native_stack.own``).
+        ``{rank: (frames, note)}`` of those that answered within *timeout* seconds (``rank/debug/native_stack.own``).
         What else arrives meanwhile is kept for the next :meth:`receive`."""
         return self._ask_roll_calls(ranks, AskNative(number), Native, number, timeout,
                                     lambda answer: (answer.frames, answer.note))

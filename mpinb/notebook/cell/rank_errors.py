@@ -84,7 +84,7 @@ def stopped(result, rank, code, timeout, grace, *, answered):
 def _paused(stack, code):
     """``paused in the debugger at cell line 5`` for a rank that waited in the visual debugger's panel (its
     frames below the cell's are the debugger's, never shown), else ``None``."""
-    from ...rank.visual_debugger import paused_in
+    from ...rank.debug.visual_debugger import paused_in
 
     if stack is None or not paused_in(stack.frames):
         return None

@@ -5,7 +5,7 @@ variables.
 It sits in front of ipykernel's own debugger (``kernel.debugger``, which speaks to debugpy in the kernel), and
 answers or forwards each request: breakpoints in a ``%%mpi`` cell are kept here and travel to the ranks with the
 cell (:class:`~mpinb.wire.kinds.DebugSetup`); requests that name a rank's thread, frame or variable (ids of
-``wire/debug_ids.py``) go to that rank (``rank/visual_debugger.py``); everything else is ipykernel's, so ordinary
+``wire/debug_ids.py``) go to that rank (``rank/debug/visual_debugger.py``); everything else is ipykernel's, so ordinary
 cells debug as before. The panel shows one rank at a time: the chosen one (``%mpi debug --rank R``, rank 0
 unless chosen) when it stops, else, after :data:`CHOSEN_WAIT` seconds, the first other rank that stopped. The
 other stopped ranks wait, and go on whenever the shown rank does; none waits past the end of its cell, or past
@@ -356,7 +356,7 @@ def _name_mpi_cells_apart(shell):
 
 def _breakpoints(points):
     """DAP's source breakpoints as they travel to the ranks, by line: a line, or ``(line, condition, hitCondition)``
-    for one with either (``rank/visual_debugger.py`` decides them where it runs)."""
+    for one with either (``rank/debug/visual_debugger.py`` decides them where it runs)."""
     chosen = {}
     for point in points:
         condition, hit = point.get("condition") or None, point.get("hitCondition") or None

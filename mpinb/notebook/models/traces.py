@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ...rank import chrome
+from ...rank.tracing import chrome
 from ...widgets.text import duration
 from ...widgets.trace_rows import MPINB, label, nesting, traced_ranks
 

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 
-from ..wire.rank_files import TRACER_ENV
+from ...wire.rank_files import TRACER_ENV
 
 PY_SPY = "MPINB_PY_SPY"  # the environment variable that names the py-spy to run
 TIMEOUT = 10.0  # seconds one py-spy dump may take (it takes about 0.2 s)

@@ -12,7 +12,7 @@ import pdb
 import queue
 import sys
 
-from . import stacks
+from .. import stacks
 
 _pdb_set_trace = pdb.set_trace
 
@@ -40,7 +40,7 @@ def keep(exc):
     global _last
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename.endswith(("mpinb/rank/runner.py",
-                                                                      "mpinb/rank/visual_debugger.py")):
+                                                                      "mpinb/rank/debug/visual_debugger.py")):
         tb = tb.tb_next  # the cell runner's own frame: pdb's "up" stops at the cell
     if tb is not None and not isinstance(exc, KeyboardInterrupt):
         _last = (exc, tb)

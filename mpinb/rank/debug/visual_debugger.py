@@ -28,8 +28,8 @@ import re
 import reprlib
 import sys
 
-from ..wire import debug_ids
-from ..wire.kinds import DebugAnswer, DebugStopped
+from ...wire import debug_ids
+from ...wire.kinds import DebugAnswer, DebugStopped
 
 _MPINB = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _requests = queue.SimpleQueue()  # DebugCommands for the stopped debugger, from the roll-call thread
@@ -306,7 +306,7 @@ def serve(frames, reason, text):
 
 def post_mortem():
     """Show this rank's last failed cell in the panel, where it failed (``%mpi debug R --panel``)."""
-    from . import debug
+    from . import post_mortem as debug
 
     failure = debug.last_failure()
     if failure is None:

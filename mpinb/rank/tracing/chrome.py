@@ -2,7 +2,7 @@
 
 import json
 
-from ..wire import files
+from ...wire import files
 
 ARGS = ("comm", "peer", "sent", "received", "seq", "detail")
 

@@ -9,7 +9,7 @@ executable file means none).
 
 The ranks on this host are read, as many py-spys at once as there are cores. A rank on another host, which the
 notebook cannot ptrace, reads itself: its roll-call thread runs py-spy on its own process there
-(``rank/native_stack.py``), which it can while the rank's main thread does not hold the GIL (a wait in MPI or
+(``rank/debug/native_stack.py``), which it can while the rank's main thread does not hold the GIL (a wait in MPI or
 gloo); a rank holding it in C does not answer, and is shown with its Python frames.
 """
 
@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ....rank.native_stack import PY_SPY, TIMEOUT, command, parse, py_spy
+from ....rank.debug.native_stack import PY_SPY, TIMEOUT, command, parse, py_spy
 from ....wire.rank_files import TRACER_ENV, tracer
 
 CAP_SYS_PTRACE = 19
@@ -85,7 +85,7 @@ def refusal(pid):
 def capture(world, ranks, *, timeout=TIMEOUT, elsewhere=True):
     """``({rank: NativeStack}, note)`` for *ranks* of *world*: every rank on this host read by a py-spy of its own
     (:func:`read`); with *elsewhere*, each rank on another host reads itself, asked through its roll-call thread
-    (``rank/native_stack.py``), which answers only while the rank's main thread does not hold the GIL. *note* is
+    (``rank/debug/native_stack.py``), which answers only while the rank's main thread does not hold the GIL. *note* is
     the one line said when the ranks here could not be read (no py-spy, no permission), else ``""``; a rank that
     could not be read has a :attr:`NativeStack.note` instead of frames."""
     stacks, pids, note = {}, {}, ""
