@@ -92,12 +92,13 @@ _trace_script()
 def load_ipython_extension(ipython):
     """Register ``%mpi`` and ``%%mpi``; the magic machinery is imported only now, never on ranks."""
     from .notebook.debug import visual_debugger
-    from .notebook import stops
+    from .notebook import panel, stops
     from .notebook.magics import MPIMagics
 
     ipython.register_magics(MPIMagics(shell=ipython))
     visual_debugger.install(ipython)
     stops.guard(ipython)  # a Stop once the cell's code is over (its views sealed, its reply sent) is let go
+    panel.install(ipython)  # JupyterLab's MPI panel: the kernel's world, written for the Jupyter server
 
 
 def unload_ipython_extension(ipython):

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.mpi, pytest.m
 
 SLOW = 1  # the rank that sleeps before each allreduce: the others wait for it
 CELLS = ["%load_ext mpinb",
-         "%%mpi -n 3\nimport mpinb",
+         "%mpi start -n 3",
          "%%mpi\nimport time\nimport mpinb\n\nfor step in range(100_000):\n    if rank == 1:\n"
          "        time.sleep(0.8)  # the straggler\n    loss = comm.allreduce(1.0 / (step + 1))\n"
          "    mpinb.report(step=step, loss=loss + 0.1 * rank)\n",

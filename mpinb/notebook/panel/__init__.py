@@ -7,7 +7,7 @@ import logging
 
 from .publisher import EVERY, Publisher, kernel_id
 
-__all__ = ["cell_ended", "cell_started", "feed", "publisher", "start", "stop"]
+__all__ = ["cell_ended", "cell_started", "feed", "install", "publisher", "start", "stop"]
 
 log = logging.getLogger("mpinb")
 
@@ -26,6 +26,19 @@ def publisher():
             _publisher.start()
             atexit.register(_publisher.close)
     return _publisher
+
+
+def install(ipython):
+    """After each cell of *ipython* (a kernel's shell), show the world its ``%mpi`` magics hold now: one started
+    by ``%mpi start`` shows before its first ``%%mpi`` cell, one stopped goes."""
+
+    def after_cell(result=None):
+        current = publisher()
+        magics = ipython.magics_manager.registry.get("MPIMagics")
+        if current is not None and magics is not None:
+            current.world = magics.world
+
+    ipython.events.register("post_run_cell", after_cell)
 
 
 def start(kernel, *, directory=None, every=EVERY):

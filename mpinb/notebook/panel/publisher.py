@@ -19,6 +19,7 @@ from .model import PanelModel
 log = logging.getLogger("mpinb")
 
 EVERY = 0.4  # seconds between two writes of the state file (2.5 updates a second)
+IDLE_EVERY = 2.0  # seconds between two writes while this kernel has no world
 CALLS = 3_000_000  # roll-call numbers of the panel's own, apart from those of the cell's checks
 
 
@@ -48,6 +49,7 @@ class Publisher(threading.Thread):
         self.processes = {}  # pid -> psutil.Process, for CPU percent between two reads
         self.closing = threading.Event()
         self.writes = 0
+        self.written = 0.0  # when the state file was last written (monotonic)
 
     # fed from the kernel's main thread ------------------------------------------------------------------------
 
@@ -106,7 +108,11 @@ class Publisher(threading.Thread):
                     world.channel.post(rank, message)
         for request_id, request in panel_files.take_requests(self.kernel, self.directory):
             self.take(request_id, request)
+        quiet = (world is None or not world.running) and not self.model.answers
+        if quiet and time.monotonic() - self.written < IDLE_EVERY:
+            return  # no world: nothing changes but the file's time, which tells the server this kernel lives
         panel_files.write_state(path, self.state())
+        self.written = time.monotonic()
         self.writes += 1
 
     def state(self):
