@@ -53,9 +53,9 @@ def test_job_scripts_ask_for_n_tasks_and_run_one_mpiexec(launcher, tmp_path):
     placement = Placement(launcher=launcher, partition="short", time="01:00:00", account="proj{1}",
                           scheduler_args=["--mem=4G"])
     config = Config()
-    cls = placement.configure(config, mpiexec="/opt/mpi/bin/mpiexec", mpiexec_args=["-bind-to", "core"],
-                              engine_cmd=[sys.executable, "-m", "mpinb.rank.launch"], environment={},
-                              workdir=str(tmp_path))
+    cls = placement.start().configure(config, mpiexec="/opt/mpi/bin/mpiexec", mpiexec_args=["-bind-to", "core"],
+                                      engine_cmd=[sys.executable, "-m", "mpinb.rank.launch"], environment={},
+                                      workdir=str(tmp_path))
     launcher_ = cls(config=config, cluster_id="abc", profile_dir=str(tmp_path))
     launcher_.write_batch_script(3)
     script = open(launcher_.batch_file).read()

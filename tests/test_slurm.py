@@ -47,7 +47,7 @@ def test_a_world_in_a_slurm_job(ip, magics, mpi, slurm, no_world, capsys):
     ip.run_line_magic("mpi", "start -n 2 --launcher slurm --partition debug --time 00:10:00 "
                              "--scheduler-arg=--comment=mpinb-test")
     world = magics.world
-    job = world.job.job_id
+    job = world.job_id()
     [(queued, name, state)] = slurm.squeue()
     assert (queued, state) == (job, "RUNNING") and name.startswith("mpinb-")
     details = slurm.command("scontrol", "show", "job", job)
@@ -149,7 +149,7 @@ def test_a_pending_reason_is_read_as_never_or_not_yet(reason, never):
     """Reasons a job waits for: over a limit on each job (of its QOS or account) it never runs, and the start
     says so at once; over a limit per user or group, or behind other jobs, it waits (the test cluster has no
     accounting database, so no QOS to put a job over)."""
-    from mpinb.notebook.world.startup import never_runs
+    from mpinb.notebook.world.launchers.slurm import never_runs
 
     said = never_runs(reason)
     assert said == never if never is None else never in said
@@ -204,7 +204,7 @@ def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm):
         reply = client.execute_interactive(
             "%load_ext mpinb\n%mpi start -n 2 --launcher slurm\n"
             "world = get_ipython().magics_manager.registry['MPIMagics'].world\n"
-            "print('JOB', world.job.job_id, *[world.identities[r]['pid'] for r in world.ranks])",
+            "print('JOB', world.job_id(), *[world.identities[r]['pid'] for r in world.ranks])",
             timeout=120, output_hook=outputs.append)
         assert reply["content"]["status"] == "ok"
     finally:

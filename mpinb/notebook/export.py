@@ -72,7 +72,8 @@ def sbatch(script, *, ranks, partition=None, time=None, account=None, mpiexec=No
     body = ["", "# mpiexec finds the job's nodes itself (MPICH and Open MPI read Slurm's allocation)",
             " ".join(word if word.startswith("$") else shlex.quote(word) for word in command)]
     placement = Placement(launcher="slurm", partition=partition, time=time, account=account)
-    return placement.script([f"--job-name={stem}", f"--ntasks={ranks}", f"--output={stem}-%j.out"], body)
+    return placement.start().export_script([f"--job-name={stem}", f"--ntasks={ranks}", f"--output={stem}-%j.out"],
+                                           body)
 
 
 def _options(line, number):

@@ -22,7 +22,6 @@ from .kept_state import KeptState
 from .launchers import Placement
 from .lifecycle import Lifecycle, State
 from .liveness import Liveness
-from .slurm_job import JobClock, SlurmJob
 from .reaper import alive, end_processes, remove_world_files, signal_all
 from .startup import StartRace, Startup, heartbeat_period
 
@@ -121,9 +120,7 @@ class World:
         self.heartbeat_ms = None  # the period of the last start
         self.mpiexec_args = list(mpiexec_args)
         self.ip = ip
-        self.job = None  # the SlurmJob the ranks run in (Slurm launcher)
-        self.clock = None  # its JobClock
-        self._lost_hosts = (None, set(), {})  # when Slurm was last asked, about which hosts, which it said lost
+        self.launcher = self.placement.start()  # what starts the ranks where they run, and watches them there
         self.heartbeat_choice = heartbeat_ms  # None: heartbeat_period(size) at each start
         self.start_timeout = float(start_timeout)
         self.progress = progress
@@ -220,10 +217,7 @@ class World:
     def launched(self):
         """The controller and ``mpiexec`` (or the batch job) are launched: a reaper watches their processes at
         once, so that a killed kernel leaves nothing, also while the ranks register."""
-        job_id = self.job_id()
-        if self.placement.launcher == "slurm" and job_id:
-            self.job = SlurmJob(job_id)
-            self.clock = JobClock(self.job)
+        self.launcher.launched(self.job_id() or "")
         self._start_reaper(self.launched_processes())
 
     def connect_client(self):
@@ -279,9 +273,7 @@ class World:
                 self._lifecycle.move(State.STOPPED)
 
     def _stop(self, kill):
-        # hosts of a batch job whose ranks all stopped answering heartbeats (cut off, or their node down): Slurm
-        # cannot end the job there until it gives up on them, which stop does not wait for
-        silent = self._silent_hosts() if self.job is not None else set()
+        silent = self._silent_hosts() if self.launcher.watches_hosts else set()
         cluster, client, channel = self.cluster, self.client, self.channel
         self.cluster = self.client = self.channel = None
         if channel is not None:
@@ -305,12 +297,7 @@ class World:
                     stop()
                 except Exception as exc:  # noqa: BLE001 - a half-dead world must still be cleaned up
                     log.warning("stopping the cluster reported: %s", exc)
-        job, self.job, self.clock = self.job, None, None
-        if job is not None and not job.wait_gone(timeout=60, unreachable=silent):
-            log.warning("Slurm job %s is still in the queue (%s) a minute after scancel", job.job_id, job.state()[0])
-        elif silent and job.state()[0] is not None:
-            log.info("Slurm job %s leaves the queue once Slurm gives up on %s, which cannot be reached", job.job_id,
-                     ", ".join(sorted(silent)))
+        self.launcher.stopped(unreachable=silent)
         end_processes(processes, grace=5)
         if self.status_dir:  # what the listed processes started that was not listed: the controller's schedulers
             # forked while a failed start was stopped, a process a rank detached from its session
@@ -336,16 +323,9 @@ class World:
         _live_worlds.discard(self)
 
     def lost_hosts(self, hosts, *, within=2.0):
-        """``{host: what the batch system says}`` for those of *hosts* it says are lost (a Slurm node down, or
-        whose slurmd does not respond); asked at most every *within* seconds. Empty outside a Slurm job."""
-        if self.job is None or not hosts:
-            return {}
-        now = time.monotonic()
-        when, asked, lost = self._lost_hosts
-        if when is None or now - when >= within or not asked.issuperset(hosts):
-            lost = self.job.lost_nodes(sorted(set(hosts)))
-            self._lost_hosts = (now, set(hosts), lost)
-        return {host: note for host, note in lost.items() if host in hosts}
+        """``{host: why}`` for those of *hosts* the launcher says are lost (a Slurm node down, or whose slurmd does
+        not respond); asked at most every *within* seconds."""
+        return self.launcher.lost_hosts(hosts, within=within)
 
     def _silent_hosts(self):
         """Hosts other than this one all of whose ranks ipyparallel's hub unregistered (their heartbeats stopped)."""
@@ -363,12 +343,12 @@ class World:
                 if host and all(self.engines.get(rank) not in registered for rank in on)}
 
     def time_warning(self):
-        """The warning that the batch job's time limit is near (:meth:`JobClock.warning`), once; else ``None``."""
-        return self.clock.warning() if self.clock is not None else None
+        """The warning that the batch job's time limit is near, once; else ``None``."""
+        return self.launcher.time_warning()
 
     def job_ended(self):
         """What ended the batch job when Slurm ended it (its time limit, a preemption...); ``""`` otherwise."""
-        return self.job.ended() if self.job is not None else ""
+        return self.launcher.ended()
 
     def keep_state(self, enabled, *, limit=None, lag=None):
         """Whether the ranks of the next start snapshot their variables (for a restart after a death), and how
@@ -522,7 +502,7 @@ class World:
     def rank_processes(self):
         """Processes of the ranks on this host that this kernel did not start itself (a batch job's): each
         engine and the ``mpinb.rank.launch`` parent above it."""
-        if not self.placement.batch:
+        if not self.launcher.batch:
             return []
         processes = []
         for rank in self.local_ranks(self.ranks):
@@ -556,7 +536,8 @@ class World:
         """A watcher that ends this world's *processes* (default: all it knows) if this process dies without
         stopping it (``notebook/world/reaper.py``); it replaces the one started before."""
         self._reaper = leftovers.start_reaper(self._processes if processes is None else processes,
-                                              self.status_dir, job=self.job, kept=self.kept_state.root,
+                                              self.status_dir, cancel=self.launcher.cancel_command(),
+                                              kept=self.kept_state.root,
                                               previous=self._reaper or self.kept_state.release())
 
     def _mapped_shared_files(self, processes=None):

@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 
 
-def start_reaper(processes, status_dir, *, job=None, kept=None, previous=None):
-    """A watcher (``python -m mpinb.notebook.world.reaper``) that ends *processes*, cancels *job* and removes the folder
+def start_reaper(processes, status_dir, *, cancel=None, kept=None, previous=None):
+    """A watcher (``python -m mpinb.notebook.world.reaper``) that ends *processes*, runs *cancel* (a shell command) and removes the folder
     *kept* (the ranks' kept variables), if this process dies without stopping its world; *previous*, the one
     started before the ranks registered, is stopped."""
     items = []
@@ -20,7 +20,7 @@ def start_reaper(processes, status_dir, *, job=None, kept=None, previous=None):
             items.append(f"{process.pid}:{process.create_time()}")
         except psutil.NoSuchProcess:
             pass
-    cancel = ["--cancel", f"scancel {job.job_id}"] if job is not None else []
+    cancel = ["--cancel", cancel] if cancel else []
     cancel += ["--forget", kept] if kept else []
     if previous is not None:
         previous.kill()

@@ -14,56 +14,12 @@ from ...rank import world as rank_world
 from ...wire.rank_files import TRACER_ENV, tracer
 from .. import stops
 from . import ipp, leftovers, mpis
-from .launchers import is_this_host
 from .reaper import alive
 
 # Keep MPI's own traffic on loopback too (libfabric's tcp/sockets providers, UCX), unless asked otherwise.
 LOOPBACK_ENV = {"FI_TCP_IFACE": "lo", "FI_SOCKETS_IFACE": "lo", "UCX_NET_DEVICES": "lo"}
 
-# Reasons a pending Slurm job gives when it will never start without a change (squeue %R)
-NEVER_RUNS = {
-    "PartitionConfig": "the partition cannot give that many tasks (fewer ranks, or another --partition)",
-    "PartitionNodeLimit": "more nodes than the partition allows (fewer ranks, or another --partition)",
-    "PartitionTimeLimit": "a longer --time than the partition allows",
-    "BadConstraints": "no node satisfies the job's constraints (check --scheduler-arg)",
-    "InvalidAccount": "the --account is not valid",
-    "InvalidQOS": "the QOS is not valid",
-    "AccountNotAllowed": "the account may not use this partition",
-    "QOSNotAllowed": "the QOS may not use this partition",
-    "JobHeldAdmin": "an administrator holds the job",
-    "JobHeldUser": "the job is held (scontrol release)",
-}
-# a job over a limit its QOS or account puts on each job never runs (a limit per user or group only waits)
-_OVER_PER_JOB_LIMIT = re.compile(r"^(QOS|Assoc)(Max\w*PerJob\w*|Min\w*)$")
-
-
-def never_runs(reason):
-    """Why Slurm will never run a job pending for *reason*, with what to do (``None``: it may yet run)."""
-    if reason in NEVER_RUNS:
-        return f"{NEVER_RUNS[reason]}; scontrol show partition lists what each partition allows"
-    over = _OVER_PER_JOB_LIMIT.match(reason)
-    if over:
-        whose = "the job's QOS" if over.group(1) == "QOS" else "the account"
-        return (f"it asks more than {whose} allows one job (fewer ranks, a shorter time limit, or another "
-                f"{'--qos' if over.group(1) == 'QOS' else '--account'}); sacctmgr show qos and sacctmgr show assoc "
-                "list the limits")
-    return None
-
 _ENGINE_LOG = re.compile(r"^\d{4}-\d\d-\d\d [\d:.]+ \[(IPEngine|IPController|KernelNanny|IPClusterStart)")
-
-
-# what srun printed when its MPI plugin could not start the ranks, and what to do
-SRUN_HINTS = {
-    "can not load PMIx library": "Slurm's pmix plugin could not load libpmix.so (Debian and Ubuntu ship it in "
-                                 "libpmix-dev): install it on every node, or start Open MPI's ranks with its own "
-                                 "mpiexec inside the job (%mpi start --launcher slurm --mpi openmpi)",
-    "Invalid MPI type": "srun has no such --mpi plugin: srun --mpi=list lists those this Slurm has",
-}
-
-
-def srun_hint(output):
-    """``": what to do"`` when *output* shows srun could not start the ranks through its MPI plugin, else ``""``."""
-    return next((f": {hint}" for said, hint in SRUN_HINTS.items() if said in output), "")
 
 
 class StartRace(MPIError):
@@ -161,7 +117,7 @@ class Startup:
         world = self.world
         mpi = world.resolve_mpi()
         mpis.check(mpi, sys.executable)
-        world.placement.check()
+        world.launcher.check()
         remote = world.placement.remote_hosts()
         if remote and world.loopback:
             raise BadArguments(
@@ -182,7 +138,7 @@ class Startup:
         config.LocalControllerLauncher.controller_cmd = [sys.executable, "-m", "mpinb.notebook.world.controller"]
         if world.loopback:
             environment.update(LOOPBACK_ENV)
-        local = not world.placement.batch and not world.placement.hostfile
+        local = world.launcher.all_here
         # off this host the engines find the controller from $IPP_CONNECTION_INFO, which ipyparallel sets on the
         # launcher when it starts: Open MPI passes to other hosts only the variables it is told to
         forward = sorted(environment) + ([] if local else ["IPP_CONNECTION_INFO"])
@@ -190,7 +146,7 @@ class Startup:
         # each rank runs its engine under a parent that records how it ended (rank/launch.py)
         # ipyparallel's nanny (a process per engine, a quarter of a second of CPU each to start) signals ranks on
         # other hosts; ranks on this one are signalled by pid
-        engines = world.placement.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
+        engines = world.launcher.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
                                             engine_cmd=[sys.executable, "-m", "mpinb.rank.launch",
                                                         f"--IPEngine.enable_nanny={not local}",
                                                         f"--IPEngine.wait_for_url_file={world.start_timeout:g}",
@@ -289,13 +245,12 @@ class Startup:
                 return
             self._check_stop()
             self._check_launchers()
-            if world.job is not None and time.monotonic() - polled > 0.5:
+            if time.monotonic() - polled > 0.5:
                 polled = time.monotonic()
-                state, where = world.job.state()
-                queued = self._check_job(state, where)
-                reason = "" if where in ("", "(None)") else f" {where}"
-                what = f"Slurm job {world.job.job_id} {state.lower()}{reason}" if queued else "ranks registered"
-                self._say(what, up, world.size, force=True)
+                said = world.launcher.waiting(world, self._launcher_output)
+                if said is not None:
+                    what, queued = said
+                    self._say(what, up, world.size, force=True)
             if queued:
                 deadline = time.monotonic() + world.start_timeout
             if time.monotonic() > deadline:
@@ -351,30 +306,6 @@ class Startup:
                 what = "the ipyparallel controller" if name == "controller" else "mpiexec"
                 output = self._launcher_output([launcher])
                 raise start_failure(f"{what} exited while the world was starting:\n{output}", output)
-
-    def _check_job(self, state, where):
-        """Raise if the Slurm job ended, or runs where the ranks cannot reach the controller; return whether it
-        is still queued."""
-        world = self.world
-        if state is None:
-            output = self._launcher_output()
-            raise MPIError(f"Slurm job {world.job.job_id} ended before every rank registered{srun_hint(output)}; "
-                           f"its output:\n{output}")
-        if state == "PENDING":
-            reason = where.strip("()")
-            why = never_runs(reason)
-            if why is not None:
-                raise BadArguments(f"Slurm will not run job {world.job.job_id} as asked ({reason}): {why}")
-            return True
-        if state == "RUNNING" and world.loopback:
-            away = [host for host in world.job.nodes(where) if not is_this_host(host)]
-            if away:
-                raise MPIError(
-                    f"Slurm job {world.job.job_id} runs on {', '.join(away[:3])}, and ranks there cannot reach a "
-                    f"controller that listens on {world.ip}: %mpi start --launcher slurm --ip ADDRESS (an address "
-                    "of this host the compute nodes reach, or 0.0.0.0)"
-                )
-        return False
 
     def _launcher_output(self, launchers=None):
         cluster = self.world.cluster

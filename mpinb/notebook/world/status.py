@@ -41,10 +41,10 @@ def describe(world):
     mpi = world.identities[world.ranks[0]]["mpi"]
     via = world.mpi.mpiexec if world.mpi is not None else "mpiexec"
     line = f"MPI world of {world.size} rank{'s' if world.size != 1 else ''} ({mpi}) via {via}"
-    where = world.placement.describe(job_id=world.job_id())
+    where = world.launcher.describe(job_id=world.job_id())
     if where:
-        line += f" in {where}" if world.placement.batch else f" on {where}"
-    left = world.clock.describe() if world.clock is not None else ""
+        line += f" in {where}" if world.launcher.batch else f" on {where}"
+    left = world.launcher.time_left()
     if left:
         line += f", {left}"
     if not world.loopback:
