@@ -149,6 +149,7 @@ bench: $(STAMP) $(MPISTAMP)
 	$(PY) benchmarks/diagnosis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/healthy.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/ddp_step.py --markdown benchmarks/RESULTS.md
+	$(PY) benchmarks/torch_backend.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/mpis.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/trace.py --markdown benchmarks/RESULTS.md
 	$(PY) benchmarks/snapshots.py --markdown benchmarks/RESULTS.md
