@@ -8,7 +8,7 @@ import { Widget } from '@lumino/widgets';
 
 import { heading, KernelState, magic, refusal, rows, SPARK_HEIGHT, SPARK_WIDTH } from './rows';
 
-const EVERY_MS = 400;
+const EVERY_MS = 300;
 const SVG = 'http://www.w3.org/2000/svg';
 
 function element<K extends keyof HTMLElementTagNameMap>(

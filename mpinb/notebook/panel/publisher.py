@@ -18,7 +18,7 @@ from .model import PanelModel
 
 log = logging.getLogger("mpinb")
 
-EVERY = 0.4  # seconds between two writes of the state file (2.5 updates a second)
+EVERY = 0.3  # seconds between two writes of the state file (3.3 updates a second)
 IDLE_EVERY = 2.0  # seconds between two writes while this kernel has no world
 CALLS = 3_000_000  # roll-call numbers of the panel's own, apart from those of the cell's checks
 
