@@ -3,6 +3,8 @@ communicator, on the tensors' memory. Collectives run to their end inside the ca
 ``Work`` that is already done); ``isend`` and ``irecv`` return MPI requests to wait on."""
 
 import functools
+import signal
+import threading
 
 import numpy
 import torch
@@ -340,6 +342,31 @@ def _counts(splits, tensor, size, per_row):
     return [int(rows) * per_row for rows in splits]
 
 
+def _stop_after_backward(method):
+    """*method*, whose Stop (SIGINT) is held while it runs inside ``backward()`` on the main thread (a gradient
+    bucket DDP's reducer hands the group) and raised once the backward has ended. Raised inside, it would cut the
+    call short between its MPI calls, so that this rank skips a collective the others make (as when the other
+    ranks complete a bucket for this one, ``rank/settle.py``), and leave the reducer half-way through its
+    buckets, failing every later step; elsewhere it is raised at once."""
+    main = threading.main_thread()
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if torch._C._current_graph_task_id() == -1 or threading.current_thread() is not main:
+            return method(self, *args, **kwargs)
+        held = []
+        previous = signal.signal(signal.SIGINT, lambda number, frame: held.append(frame))
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if held and callable(previous):  # after DDP's own final callback, which it queues once this returns
+                queue = torch.autograd.Variable._execution_engine.queue_callback
+                queue(lambda: queue(lambda: previous(signal.SIGINT, held[0])))
+
+    return call
+
+
 def _spanned(method, name):
     """*method*, recorded as one span (kind ``"collective"``, on ``torch.mpi:<group>``) while a cell is traced:
     DDP's gradient buckets, which torch's reducer hands to the group from C++, show on the timeline one by one."""
@@ -348,18 +375,15 @@ def _spanned(method, name):
 
     state, now = ledger.state, ledger.now_ns
 
+    method = _stop_after_backward(method)
+
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if state.spans is None:
-            try:
-                return method(self, *args, **kwargs)
-            except KeyboardInterrupt:
-                return _interrupted_in_backward(args)
+            return method(self, *args, **kwargs)
         start = now()
         try:
             return method(self, *args, **kwargs)
-        except KeyboardInterrupt:
-            return _interrupted_in_backward(args)
         finally:
             self._spans += 1
             first = args[0] if args else None
@@ -379,21 +403,6 @@ for _name, _call in (("allreduce", "all_reduce"), ("reduce", "reduce"), ("broadc
                      ("_reduce_scatter_base", "reduce_scatter_tensor"), ("alltoall_base", "all_to_all_single"),
                      ("alltoall", "all_to_all"), ("barrier", "barrier")):
     setattr(MPIProcessGroup, _name, _spanned(getattr(MPIProcessGroup, _name), _call))
-
-
-def _interrupted_in_backward(args):
-    """A Stop that lands in a call DDP's reducer made during ``backward()`` (the other ranks completed the call
-    for this one: ``rank/settle.py``) is raised once the backward has ended: raised here, it would leave the
-    reducer half-way through its buckets, and every later step would fail its internal checks. Elsewhere it is
-    raised at once."""
-    if torch._C._current_graph_task_id() == -1:
-        raise KeyboardInterrupt
-
-    def interrupt():
-        raise KeyboardInterrupt
-
-    torch.autograd.Variable._execution_engine.queue_callback(interrupt)
-    return work.done(args[0] if args else [])
 
 
 def _in_place():
