@@ -22,3 +22,91 @@ def test_every_collective_and_ddp_and_fsdp_match_gloo_under_mpiexec():
     failed = [line for line in lines if line.startswith("FAIL ")]
     assert not failed and done.returncode == 0, "\n".join(failed) or done.stderr[-3000:]
     assert len(lines) > 100, done.stdout[-2000:]
+
+
+SETUP = """%%mpi -n 2
+import torch, torch.distributed as dist
+import mpinb.torch as mt
+info = mt.init_process_group("mpi4py")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+batches = [torch.randn(8, 4) for _ in range(11)][rank::2]
+def step(x):
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+print(info['backend'], dist.get_backend())
+"""
+STEP = "%%mpi\nstep(batches[0])\nprint('step ok', model.module.weight.sum().item())"
+
+
+@pytest.fixture(scope="module")
+def session():
+    from kernel_session import kernel
+
+    with kernel() as k:
+        assert k.run("%load_ext mpinb").status == "ok"
+        yield k
+        k.run("%mpi stop")
+
+
+@pytest.fixture
+def ddp(session):
+    """A 2-rank world whose default group is the mpi4py backend's, a DDP model and 6 batches on rank 0, 5 on 1."""
+    shown = session.run(SETUP)
+    if shown.status != "ok":
+        session.run("%mpi stop")
+        shown = session.run(SETUP)
+    assert shown.status == "ok" and shown.text.count("mpi4py mpi4py") == 2, shown.text
+    return session
+
+
+def healthy_step(k):
+    shown = k.run(STEP)
+    assert shown.status == "ok", shown.text
+    sums = [line.split("step ok")[1] for line in shown.text.splitlines() if "step ok" in line]
+    assert len(sums) == 2 and len(set(sums)) == 1, shown.text
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+@pytest.mark.parametrize("cell, said", [
+    ("dist.all_reduce(torch.ones(4 if rank == 0 else 8))",
+     "rank 0 in all_reduce(4 x float32, SUM); rank 1 in all_reduce(8 x float32, SUM). Likely the ranks passed "
+     "tensors of different sizes or types"),
+    ("dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64))",
+     "rank 0 in all_reduce(4 x float32, SUM); rank 1 in all_reduce(4 x float64, SUM)"),
+    ("t = torch.ones(4)\nif rank == 0:\n    dist.all_reduce(t)\nelse:\n    dist.broadcast(t, src=0)",
+     "rank 0 in all_reduce(4 x float32, SUM); rank 1 in broadcast(root=0, 4 x float32). Likely the ranks call "
+     "collectives in a different order"),
+])
+def test_a_mismatch_is_named_on_every_rank_and_the_world_kept(cell, said, ddp):
+    shown = ddp.run("%%mpi\n" + cell)
+    assert shown.status == "error", shown.text
+    assert "RuntimeError: ranks of process group 'default' called different collectives: " + said in shown.text, \
+        shown.text
+    assert "RankError: cell failed on every rank it ran on (ranks 0-1)" in shown.text
+    assert "Abort" not in shown.text and "restart" not in shown.text, shown.text  # MPI did not end the job
+    healthy_step(ddp)
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_uneven_inputs_are_named_as_under_gloo(ddp):
+    shown = ddp.run("%%mpi\nfor x in batches:\n    step(x)\nkept = 'yes'")
+    assert shown.status == "error", shown.text
+    assert "rank 0 in DDP all_reduce(5 x float32) at cell line 3" in shown.text, shown.text
+    assert "rank 1 finished the cell without entering it" in shown.text
+    assert "the world and every rank's variables are kept" in shown.text
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_a_traced_cell_shows_each_ddp_bucket_and_call(ddp):
+    shown = ddp.run("%%mpi --trace\nstep(batches[0])\ndist.all_reduce(torch.ones(3))")
+    assert shown.status == "ok", shown.text
+    shown = ddp.run("import mpinb\nspans = mpinb.trace()\n"
+                    "print(sorted(set(map(tuple, spans[['kind', 'op', 'comm']].values.tolist()))))")
+    assert "('collective', 'all_reduce', 'torch.mpi:default')" in shown.text, shown.text  # DDP's bucket, and ours
+    assert "('torch', 'all_reduce', 'torch:default')" in shown.text, shown.text  # the dist.all_reduce call
