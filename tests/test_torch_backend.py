@@ -9,10 +9,18 @@ from pathlib import Path
 import pytest
 
 from mpinb.notebook.world.mpis import default_mpiexec
+from mpinb.torch import choose_backend
 
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 
 HERE = Path(__file__).parent
+
+
+def test_mpi4py_is_a_backend_mpinb_torch_chooses_when_asked():
+    assert choose_backend("mpi4py", gpus_per_rank=0, local_size=2, nccl_available=False) == ("mpi4py", False, None)
+    assert choose_backend(None, gpus_per_rank=0, local_size=2, nccl_available=False)[0] == "gloo"
+    with pytest.raises(ValueError, match="'mpi4py', 'gloo'"):
+        choose_backend("mpi4pi", gpus_per_rank=0, local_size=1, nccl_available=False)
 
 
 def test_every_collective_and_ddp_and_fsdp_match_gloo_under_mpiexec():

@@ -177,8 +177,10 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
     and one that ``dist.init_process_group()`` or a framework makes in the same world meet at the same store,
     and either can follow the other once it is destroyed. Otherwise (plain ``mpiexec``, a sub-communicator)
     rank 0 picks a free port (on loopback when every rank shares its host) and broadcasts it, as it always did.
-    *backend* ``None`` picks nccl when each rank has a GPU of its own, else gloo; with a GPU, each rank is bound
-    to ``cuda:local_rank`` (local rank from an MPI shared-memory split, wrapping when ranks outnumber GPUs).
+    *backend* ``None`` picks nccl when each rank has a GPU of its own, else gloo; ``"mpi4py"`` is mpinb's backend
+    over MPI (``rank/torch_backend/``: every call through mpi4py, a mismatch named on every rank); with a GPU,
+    each rank is bound to ``cuda:local_rank`` (local rank from an MPI shared-memory split, wrapping when ranks
+    outnumber GPUs).
     Calling it again returns the existing group's description (a group made by ``dist.init_process_group`` is
     described, not changed). The group is destroyed when the rank's process exits.
 
