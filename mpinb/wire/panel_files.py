@@ -22,6 +22,8 @@ def panel_dir(*, create=True):
         path = os.path.join(jupyter_runtime_dir(), "mpinb-panel")
     if create and not os.path.isdir(path):
         os.makedirs(path, mode=0o700, exist_ok=True)
+    if create and not files.private_directory(path):
+        raise PermissionError(f"{path} is not a directory of this user's alone: the MPI panel keeps no state there")
     return path
 
 
@@ -34,9 +36,17 @@ def requests_dir(kernel_id, directory=None):
 
 
 def write_state(path, state):
-    """*state* as JSON, through a fresh file renamed over *path*: a reader never sees half of it."""
-    text = json.dumps(state, separators=(",", ":"), allow_nan=False, default=str)
-    files.replace(path, lambda file: file.write(text))
+    """*state* as JSON, through a file of this process's renamed over *path*: a reader never sees half of it. The
+    directory is owner-only (:func:`panel_dir`), so the file beside it keeps one name (no ``mkstemp`` each time:
+    this runs a few times a second)."""
+    text = json.dumps(state, separators=(",", ":"), allow_nan=False, default=str).encode()
+    fresh = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | files.NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text)
+    finally:
+        os.close(fd)
+    os.replace(fresh, path)
 
 
 def read_json(path):

@@ -19,6 +19,7 @@ from .model import PanelModel
 log = logging.getLogger("mpinb")
 
 EVERY = 0.3  # seconds between two writes of the state file (3.3 updates a second)
+USAGE_EVERY = 1.0  # seconds between two reads of the ranks' CPU and memory
 IDLE_EVERY = 2.0  # seconds between two writes while this kernel has no world
 CALLS = 3_000_000  # roll-call numbers of the panel's own, apart from those of the cell's checks
 
@@ -50,6 +51,7 @@ class Publisher(threading.Thread):
         self.closing = threading.Event()
         self.writes = 0
         self.written = 0.0  # when the state file was last written (monotonic)
+        self.usage_read = (0.0, {})  # when the ranks' CPU and memory were last read, and what they were
 
     # fed from the kernel's main thread ------------------------------------------------------------------------
 
@@ -125,7 +127,9 @@ class Publisher(threading.Thread):
             return state
         identities = dict(world.identities)
         local = set(world.local_ranks(list(identities)))
-        usage, dead = self.usage(identities, local), {}
+        if time.monotonic() - self.usage_read[0] >= USAGE_EVERY or set(self.usage_read[1]) != local:
+            self.usage_read = (time.monotonic(), self.usage(identities, local))
+        usage = self.usage_read[1]
         why = f"its process ended{_during(world)}"
         dead = {rank: why for rank in local if usage.get(rank) is None}
         # ranks on other hosts: ipyparallel's client (which knows of their death) is the main thread's alone
