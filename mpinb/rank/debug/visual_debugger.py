@@ -137,7 +137,7 @@ def paused_in(frames):
     return any(file.endswith(_THIS) and function == _next_request.__name__ for file, _, function in frames)
 
 
-_THIS = os.path.join("mpinb", "rank", "visual_debugger.py")
+_THIS = os.path.join("mpinb", "rank", "debug", "visual_debugger.py")
 
 
 def paused_interrupt(frames):
