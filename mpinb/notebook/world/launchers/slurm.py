@@ -8,8 +8,8 @@ import time
 
 from ....errors import BadArguments, MPIError
 from ..slurm_job import JobClock, SlurmJob
+from .base import is_this_host
 from .batch import SCHEDULERS, Batch
-from .placement import is_this_host
 
 log = logging.getLogger("mpinb")
 
