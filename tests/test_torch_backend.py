@@ -118,3 +118,16 @@ def test_a_traced_cell_shows_each_ddp_bucket_and_call(ddp):
                     "print(sorted(set(map(tuple, spans[['kind', 'op', 'comm']].values.tolist()))))")
     assert "('collective', 'all_reduce', 'torch.mpi:default')" in shown.text, shown.text  # DDP's bucket, and ours
     assert "('torch', 'all_reduce', 'torch:default')" in shown.text, shown.text  # the dist.all_reduce call
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_pytorchs_own_tests_pass_in_a_world(session):
+    """Tests of torch's own suite (tests/torch_suite.py), run by %mpi run in the kernel's world."""
+    shown = session.run("%%mpi -n 2\nimport torch.distributed as dist\n"
+                        "if dist.is_initialized():\n    dist.destroy_process_group()")
+    assert shown.status == "ok", shown.text
+    shown = session.run(f"%mpi run {HERE / 'torch_suite.py'} test_all_reduce_sum test_broadcast "
+                        "test_all_gather_coalesced_simple test_DistributedDataParallelCPU test_send_recv_any_source")
+    assert "5 passed, 0 skipped, 0 failed on 2 ranks (as mpi4py)" in shown.text, shown.text
+    assert shown.status == "ok", shown.text

@@ -2,7 +2,12 @@
 for gloo, nccl and mpi) on the ``"mpi4py"`` backend, under ``mpiexec``: every rank runs the same tests in the same
 order, in this process (torch's harness would spawn processes, which MPI does not count as ranks).
 
-    mpiexec -n 2 python tests/torch_suite.py [PATTERN ...]
+    mpiexec -n 2 python tests/torch_suite.py [--as mpi|gloo] [PATTERN ...] [!PATTERN ...]
+
+``--as mpi`` (or ``gloo``) runs the tests as torch runs them for its own MPI backend (or for gloo): the suite decides
+at import which tests a backend runs and what some of them expect by the backend's name, and these are the two
+CPU backends it knows; the group is this backend's either way. ``!PATTERN`` leaves tests out: as gloo,
+``'!*timeout*'`` (the backend has no timeouts: MPI's calls wait, and mpinb's roll call names the rank that does).
 
 Prints one line per test (``PASS``, ``SKIP reason``, ``FAIL message``) on rank 0 and a summary; exits 1 if any
 failed. A test counts as passed only where it passed on every rank.
@@ -19,7 +24,9 @@ import unittest
 from mpi4py import MPI
 
 comm = MPI.COMM_WORLD
-os.environ.update(BACKEND="mpi4py", WORLD_SIZE=str(comm.size), RANK=str(comm.rank), MASTER_ADDR="127.0.0.1")
+AS = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--as" else "mpi4py"
+PATTERNS = sys.argv[3:] if AS != "mpi4py" else sys.argv[1:]
+os.environ.update(BACKEND=AS, WORLD_SIZE=str(comm.size), RANK=str(comm.rank), MASTER_ADDR="127.0.0.1")
 temp = comm.bcast(tempfile.mkdtemp(prefix="torch-suite-") if comm.rank == 0 else None)
 os.environ["TEMP_DIR"] = temp
 if comm.rank == 0:
@@ -37,8 +44,8 @@ import mpinb.rank.torch_backend as backend  # noqa: E402
 
 backend.register()
 for feature in ("ddp", "subgroup", "plugin"):  # what this backend implements, as torch's lists say of gloo
-    common_distributed.DistTestCases.backend_feature[feature].add("mpi4py")
-common_distributed.DistTestCases.skip_collective["allgather_coalesced"].discard("mpi4py")
+    common_distributed.DistTestCases.backend_feature[feature].add(AS)
+common_distributed.DistTestCases.skip_collective["allgather_coalesced"].discard(AS)
 
 from torch.testing._internal.distributed import distributed_test as suite  # noqa: E402
 
@@ -82,8 +89,11 @@ def run(name):
 
 
 def main(patterns):
+    wanted = [pattern for pattern in patterns if not pattern.startswith("!")] or ["test_*"]
+    unwanted = [pattern[1:] for pattern in patterns if pattern.startswith("!")]
     names = sorted(name for name in dir(Suite) if name.startswith("test_")
-                   and any(fnmatch.fnmatch(name, pattern) for pattern in patterns or ["test_*"]))
+                   and any(fnmatch.fnmatch(name, pattern) for pattern in wanted)
+                   and not any(fnmatch.fnmatch(name, pattern) for pattern in unwanted))
     dist.init_process_group("mpi4py", init_method="env://", world_size=comm.size, rank=comm.rank)
     counts = {"PASS": 0, "SKIP": 0, "FAIL": 0}
     for name in names:
@@ -96,11 +106,13 @@ def main(patterns):
             text = next((text for k, text in verdicts if k == kind), "")
             print(f"{kind} {name} {text[:300]}", flush=True)
     if comm.rank == 0:
-        print(f"{counts['PASS']} passed, {counts['SKIP']} skipped, {counts['FAIL']} failed on {comm.size} ranks",
+        print(f"{counts['PASS']} passed, {counts['SKIP']} skipped, {counts['FAIL']} failed on {comm.size} ranks "
+              f"(as {AS})",
               flush=True)
     dist.destroy_process_group()
     return counts["FAIL"]
 
 
 if __name__ == "__main__":
-    sys.exit(1 if comm.bcast(main(sys.argv[1:])) else 0)
+    if comm.bcast(main(PATTERNS)):
+        sys.exit(1)
