@@ -12,7 +12,7 @@ from conftest import leftover_ranks, new_world_tag
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
 
 import test_browser  # noqa: E402 - after the skip: it needs playwright
-from test_themes import use_theme  # noqa: E402
+from test_themes import contrast, use_theme  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -69,6 +69,27 @@ def straggler_marked(panel):
     return None
 
 
+# each text of the panel, its colour and the colour it is drawn on (the first ancestor with a background)
+COLOURS = """panel => [...panel.querySelectorAll(`.mpinb-Panel-title, .mpinb-Panel-details, .mpinb-Panel-rank,
+  .mpinb-Panel-where, .mpinb-Panel-usage, .mpinb-Panel-state, .mpinb-Panel-holding:not([hidden]), .mpinb-Panel-loss,
+  .mpinb-Panel-button, .mpinb-Panel-message:not([hidden])`)].map(node => {
+    let back = node;
+    while (back && ['rgba(0, 0, 0, 0)', 'transparent'].includes(getComputedStyle(back).backgroundColor)) {
+      back = back.parentElement;
+    }
+    return [node.className, getComputedStyle(node).color, back ? getComputedStyle(back).backgroundColor : 'rgb(255, 255, 255)'];
+  })"""
+
+
+def low_contrast(panel):
+    """The panel's texts that read below WCAG AA (4.5:1) on what they are drawn on."""
+    numbers = lambda text: tuple(float(v) for v in re.findall(r"[\d.]+", text)[:3])  # noqa: E731
+    found = [(name, colour, back) for name, colour, back in panel.evaluate(COLOURS)]
+    assert found
+    return [(name, colour, back, round(contrast(numbers(colour), numbers(back)), 2)) for name, colour, back in found
+            if contrast(numbers(colour), numbers(back)) < 4.5]
+
+
 def spark(panel, rank):
     return row(panel, rank).locator("polyline").get_attribute("points") or ""
 
@@ -108,6 +129,7 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
 
             wait_for(lambda: straggler_marked(panel), "the straggler marked again")
             panel.screenshot(path=str(shots / "mpi-panel-light.png"))
+            assert low_contrast(panel) == []
 
             # a rank's stacks, as %mpi stacks 1 says them, while the cell runs
             row(panel, SLOW).locator("button[data-action='stacks']").click()
@@ -123,6 +145,7 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
             use_theme(page, "JupyterLab Dark")
             wait_for(lambda: straggler_marked(panel), "the straggler marked in the dark theme")
             panel.screenshot(path=str(shots / "mpi-panel-dark.png"))
+            assert low_contrast(panel) == []
 
             # a reload shows the same world at once: the state is the server's, not the page's
             page.reload()
