@@ -61,6 +61,7 @@ class Publisher(threading.Thread):
 
     def cell_ended(self):
         self.model.cell_ended()
+        self.usage_read = (0.0, self.usage_read[1])  # read afresh: a rank that died in the cell is said dead at once
 
     def feed(self, message):
         """One message of the running cell; whether it was the panel's own (then for no one else)."""
