@@ -122,6 +122,18 @@ def test_a_traced_cell_shows_each_ddp_bucket_and_call(ddp):
 
 @pytest.mark.slow
 @pytest.mark.notebook
+def test_stop_reaches_a_rank_waiting_in_a_collective_and_the_world_is_kept(ddp):
+    code = ("%%mpi\nimport time\nprint('waiting', flush=True)\nif rank == 0:\n    dist.all_reduce(torch.ones(3))\n"
+            "else:\n    time.sleep(60)")
+    shown = ddp.run(code, stops=(1.0,), after="[rank 1] waiting", timeout=120)
+    assert shown.status == "error", shown.text
+    assert "KeyboardInterrupt" in shown.text or "interrupted" in shown.text.lower(), shown.text
+    assert "world and every rank's variables are kept" in shown.text or "restart" not in shown.text, shown.text
+    healthy_step(ddp)
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
 def test_pytorchs_own_tests_pass_in_a_world(session):
     """Tests of torch's own suite (tests/torch_suite.py), run by %mpi run in the kernel's world."""
     shown = session.run("%%mpi -n 2\nimport torch.distributed as dist\n"

@@ -343,16 +343,17 @@ def _counts(splits, tensor, size, per_row):
 
 
 def _stop_after_backward(method):
-    """*method*, whose Stop (SIGINT) is held while it runs inside ``backward()`` on the main thread (a gradient
-    bucket DDP's reducer hands the group) and raised once the backward has ended. Raised inside, it would cut the
-    call short between its MPI calls, so that this rank skips a collective the others make (as when the other
-    ranks complete a bucket for this one, ``rank/settle.py``), and leave the reducer half-way through its
-    buckets, failing every later step; elsewhere it is raised at once."""
+    """*method*, whose Stop (SIGINT) on the main thread is held while it runs and raised once its MPI calls are
+    done: raised between them, it would leave this rank out of a collective the others make (the check made, the
+    data call not: the ranks that stand in for this one, ``rank/settle.py``, then send into the next call, and MPI
+    ends the job). Inside ``backward()`` (a gradient bucket DDP's reducer hands the group) it is raised once the
+    backward has ended, after DDP's own final callback: raised inside, it would leave the reducer half-way through
+    its buckets, failing every later step."""
     main = threading.main_thread()
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        if torch._C._current_graph_task_id() == -1 or threading.current_thread() is not main:
+        if threading.current_thread() is not main:
             return method(self, *args, **kwargs)
         held = []
         previous = signal.signal(signal.SIGINT, lambda number, frame: held.append(frame))
@@ -360,9 +361,12 @@ def _stop_after_backward(method):
             return method(self, *args, **kwargs)
         finally:
             signal.signal(signal.SIGINT, previous)
-            if held and callable(previous):  # after DDP's own final callback, which it queues once this returns
-                queue = torch.autograd.Variable._execution_engine.queue_callback
-                queue(lambda: queue(lambda: previous(signal.SIGINT, held[0])))
+            if held and callable(previous):
+                if torch._C._current_graph_task_id() == -1:
+                    previous(signal.SIGINT, held[0])
+                else:  # after DDP's own final callback, which it queues once this returns
+                    queue = torch.autograd.Variable._execution_engine.queue_callback
+                    queue(lambda: queue(lambda: previous(signal.SIGINT, held[0])))
 
     return call
 
