@@ -78,7 +78,7 @@ def test_a_death_between_cells_names_the_rank_and_how_it_died(ip, world_of, mpi)
     psutil.wait_procs([process], timeout=10)
     # known before the next cell is sent, whether or not the cell channel has yet seen the connection close (the
     # others may be ending already: mpiexec ends a job whose rank died)
-    assert 1 in world.dead_ranks_lately(within=3600)
+    assert 1 in world.liveness.dead_ranks_lately(world.ranks, within=3600)
     with pytest.raises(MPIError, match=r"rank 1 of this world died while no cell ran \(signal 9 \(SIGKILL\)\)"):
         mpi("rank")
     assert world.state == "dead"

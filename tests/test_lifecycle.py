@@ -20,6 +20,7 @@ from conftest import assert_all_gone, world_processes
 from IPython.core.error import UsageError
 
 from mpinb.errors import MPIError, NoMPI, RankError
+from mpinb.notebook.world import status
 from mpinb.notebook.world.cluster import World
 from mpinb.notebook.world.ipp import process as ipp_process
 from mpinb.notebook.world.mpis import library_version
@@ -129,8 +130,8 @@ def test_status_as_text_in_a_terminal(ip, world_of, capsys):
 
 def test_status_widget_shows_every_rank(world_of):
     world = world_of(2)
-    rows = world.status()
-    widget = status_widget(rows, world.describe())
+    rows = status.rank_states(world)
+    widget = status_widget(rows, status.describe(world))
     header, grid = widget.children
     values = [getattr(cell, "value", "") for cell in grid.children]
     assert len(values) == 5 * (len(rows) + 1)  # rank, host, pid, threads, state
@@ -171,7 +172,7 @@ def test_mpiexec_of_another_mpi_is_detected(ip, magics, tmp_path):
     world = World(2, mpiexec=str(launcher), progress=False)
     with pytest.raises(MPIError, match="does not belong to the MPI library"):
         world.start()
-    mine = [path for path in world.shared_files_seen if os.path.basename(path).startswith("mpich_shm_")]
+    mine = [path for path in world.footprint.shared_files_seen if os.path.basename(path).startswith("mpich_shm_")]
     assert mine and not [path for path in mine if os.path.exists(path)]
 
 
@@ -215,7 +216,7 @@ def test_ranks_on_this_host_read_a_whole_copy_of_the_controllers_engine_file(wor
 
 def test_a_dead_rank_leaves_no_process_and_no_shared_memory(ip, magics, world_of, mpi):
     world = world_of(2)
-    shared = set(world.shared_files)
+    shared = set(world.footprint.shared_files)
     assert any(os.path.basename(path).startswith("mpich_shm_") for path in shared)  # MPI's own segment
     processes = world_processes(world)
     with pytest.raises(RankError, match="died"):

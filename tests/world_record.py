@@ -1,7 +1,7 @@
 """Which processes the tests' own worlds started, wherever they run: in the test process, or in the kernels and
 Jupyter servers the tests start (through an IPython startup file, see ``conftest.py``).
 
-Every process mpinb lists as a world's own (``World.launched_processes``, ``World.rank_processes``) is
+Every process mpinb lists as a world's own (what its reaper watches, ``Footprint.watch``) is
 noted, pid and start time, in the file ``$MPINB_TEST_RECORD`` names; a check for leftovers then looks at exactly
 those, never at the rest of the machine, where other MPI jobs and mpinb worlds may run.
 """
@@ -15,20 +15,18 @@ ENV = "MPINB_TEST_RECORD"
 
 def install():
     """Note the processes of every world this process starts from now on (idempotent)."""
-    from mpinb.notebook.world.cluster import World
+    from mpinb.notebook.world.leftovers import Footprint
 
-    for name in ("launched_processes", "rank_processes"):
-        method = getattr(World, name)
-        if getattr(method, "recorded", False):
-            continue
+    method = Footprint.watch
+    if getattr(method, "recorded", False):
+        return
 
-        def noting(self, *args, _method=method, **kwargs):
-            processes = _method(self, *args, **kwargs)
-            note(processes)
-            return processes
+    def noting(self, processes, *args, **kwargs):
+        note(processes)
+        return method(self, processes, *args, **kwargs)
 
-        noting.recorded = True
-        setattr(World, name, noting)
+    noting.recorded = True
+    Footprint.watch = noting
 
 
 def note(processes):

@@ -242,7 +242,7 @@ class MPIMagics(Magics):
         handler(args)
 
     def _command_start(self, args):
-        dead = self.world.dead_text() if self.world is not None else None
+        dead = self.world.liveness.dead_text() if self.world is not None else None
         if dead:
             raise UsageError(f"the {self.world.size}-rank world is dead ({dead}): %mpi restart starts its ranks "
                              "again with their variables, %mpi restart --fresh or -n N without them, %mpi stop ends it")
@@ -378,7 +378,7 @@ class MPIMagics(Magics):
             threads=self.threads_per_rank,
             progress=lambda: views.Progress(notebook=in_notebook(self.shell)),
         )
-        world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
+        world.kept_state.configure(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
         self.world = world  # also when its start is interrupted: the next %%mpi starts it again, of this size
         try:
             _timed_start(world.start)
@@ -428,7 +428,7 @@ class MPIMagics(Magics):
         from ..rank import snapshots
 
         world = self.world
-        world.keep_state(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
+        world.kept_state.configure(self.snapshots, limit=self.snapshot_limit, lag=self.snapshot_lag)
         if not fresh and world.state is State.IDLE:
             try:
                 self.commands.on_every_rank(snapshots.flush)
@@ -454,7 +454,7 @@ class MPIMagics(Magics):
         if self.world is not None and self.world.running:
             if n is not None:
                 check_size(n, self.world.placement)
-            dead = self.world.dead_text() if n is not None and n != self.world.size else None
+            dead = self.world.liveness.dead_text() if n is not None and n != self.world.size else None
             if dead:
                 raise UsageError(
                     f"the {self.world.size}-rank world is dead ({dead}): %mpi restart -n {n} starts {n} new ranks "
@@ -466,7 +466,7 @@ class MPIMagics(Magics):
                 )
             return self.world
         world = self.world
-        if world is not None and world.why_ended and n in (None, world.size):
+        if world is not None and world.lifecycle.ended and n in (None, world.size):
             # the world ended without being asked to (three Stops, an interrupted restart): the same world again,
             # with its variables
             for line in self.start_again(timed=True):

@@ -115,7 +115,7 @@ class CellRunner:
         size = self.magics.world.size
         if result.ended:
             self.magics.world.stop(kill=True)
-            self.magics.world.mark_ended(f"{result.ended} during a cell, which ended it")
+            self.magics.world.lifecycle.end(f"{result.ended} during a cell, which ended it")
             return [f"{result.ended}: the world of {size} ranks was ended (its ranks killed); the next %%mpi starts "
                     f"{size} ranks again, with every rank's variables as of the last cell every rank finished and "
                     "kept"]
@@ -147,7 +147,7 @@ class CellRunner:
             return [f"{why}, so the world was stopped; its restart was interrupted, so no world is running: the next "
                     f"%%mpi starts {size} ranks again, with their variables"]
         except MPIError as exc:
-            self.magics.world.mark_ended(f"its restart failed: {exc}")
+            self.magics.world.lifecycle.end(f"its restart failed: {exc}")
             return [f"{why}, so the world was stopped, and its restart failed: {exc}; the next %%mpi tries again, "
                     "with every rank's variables"]
         return [f"{why}, so the world was started again with {size} new ranks; the notebook's variables and "
@@ -162,15 +162,16 @@ class CellRunner:
             # With no rank beside the notebook, an MPI gather only adds a hop: every byte crosses the notebook's
             # link once either way, and each rank seals its own bytes at once rather than one rank all of them
             # after the gather (benchmarks/hosts.py: 4 x 8 MB from two other hosts, frames 1.8x faster)
-            transport = ("shm" if world.on_this_host(ranks) else
-                         "mpi" if world.local_ranks(world.ranks if ranks is None else list(ranks)) else "frames")
+            asked = world.ranks if ranks is None else list(ranks)
+            local = world.local_ranks(asked)
+            transport = "shm" if len(local) == len(asked) else "mpi" if local else "frames"
         if transport == "mpi" and ranks is not None and len(ranks) != self.magics.world.size:
             transport = "frames"  # a collective needs every rank; a subset sends rank by rank
         return transport
 
     def _root(self):
         """The rank an MPI gather collects on: the first one on the notebook's host (its message is local)."""
-        return next((rank for rank in self.magics.world.ranks if self.magics.world.on_this_host([rank])), 0)
+        return next((rank for rank in self.magics.world.ranks if not self.magics.world.is_remote(rank)), 0)
 
     def _show_inspector(self, result):
         from ..widgets.inspector import inspector_text, inspector_widget

@@ -12,6 +12,7 @@ from ..wire.kinds import Call, CellOptions
 from .cell import dispatch
 from .debug import visual_debugger
 from .frontend import colored, in_notebook
+from .world import status
 from .cell import LiveMetrics, RankPrinter, show_trace
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -82,15 +83,15 @@ class WorldCommands:
     def show_status(self):
         world = self.magics.world
         if world is None or not world.running:
-            if world is not None and world.why_ended:  # ended without being asked to: say why, and what next
+            if world is not None and world.lifecycle.ended:  # ended without being asked to: say why, and what next
                 print(f"no MPI world is running: the last one, of {world.size} rank{'s' if world.size != 1 else ''},"
-                      f" stopped because {world.why_ended}; the next %%mpi starts {world.size} again "
+                      f" stopped because {world.lifecycle.ended}; the next %%mpi starts {world.size} again "
                       "(%mpi start -n N: another size)")
             else:
                 print("no MPI world is running: %mpi start -n N starts one")
             return
-        rows = world.status()
-        first, _, rest = world.describe().partition("\n")
+        rows = status.rank_states(world)
+        first, _, rest = status.describe(world).partition("\n")
         header = f"{first}; {world.state}\n{rest}"  # its lifecycle state: idle between cells
         if in_notebook(self.magics.shell):
             display({"text/html": status_html(rows, header), "text/plain": status_text(rows, header)}, raw=True)

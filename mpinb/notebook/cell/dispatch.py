@@ -3,9 +3,13 @@ its replies turned into a :class:`CellResult` of values or one error. The path o
 the magics' ``CellRunner.run`` (``running.py``) dispatches it here, it is in flight in
 :class:`~mpinb.notebook.cell.in_flight.InFlight`, and each rank executes it (``rank/runner.py``'s ``execute``)."""
 
+from __future__ import annotations
+
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from ...errors import GatherError, MPIError, RankError
 from ...wire.kinds import CellOptions
@@ -16,36 +20,44 @@ from .gather import missing_message
 from .output import RankPrinter, rank_ordered
 from .perrank import PerRank
 
+if TYPE_CHECKING:
+    from ...widgets.views import Progress
+    from ..diagnosis import RankStack
+    from ..diagnosis.native import NativeStack
+    from .live import CellStatus, LiveMetrics, LiveTrace
+
+Trouble = Literal["interrupt", "timeout", "failure", "mismatch"]  # why mpinb stopped a cell (InFlight.stop)
+
 
 @dataclass
 class CellResult:
     """Everything one ``%%mpi`` cell produced, keyed by rank (plain data: tests and widgets read it)."""
 
-    ranks: list
-    stdout: dict = field(default_factory=dict)
-    stderr: dict = field(default_factory=dict)
+    ranks: list[int]
+    stdout: dict[int, str] = field(default_factory=dict)
+    stderr: dict[int, str] = field(default_factory=dict)
     values: PerRank = field(default_factory=PerRank)
-    errors: dict = field(default_factory=dict)
+    errors: dict[int, dict] = field(default_factory=dict)  # rank -> {"ename", "evalue", "traceback"}
     seconds: float = 0.0
     cell_id: int | None = None  # the channel's id of the cell
-    gathered: dict = field(default_factory=dict)  # name -> PerRank of the ranks that had it
-    gather_errors: dict = field(default_factory=dict)  # name -> {rank: message}
-    gather_stats: dict = field(default_factory=dict)  # name -> {rank: {leaf path: statistics}}
-    gather_notes: list = field(default_factory=list)  # how gathers travelled when not as asked
-    warnings: list = field(default_factory=list)  # what the cell did that is likely a bug (replicas drifted apart)
-    trouble: str = None  # why mpinb stopped the cell: "timeout", "failure" (a rank failed), "interrupt"
-    stacks: dict = field(default_factory=dict)  # rank -> RankStack captured when the cell was stopped
-    stuck: list = field(default_factory=list)  # ranks that did not answer the interrupt
-    native: dict = field(default_factory=dict)  # rank -> NativeStack (py-spy's) of those that did not answer
-    finished: list = field(default_factory=list)  # ranks that completed the cell without error
-    first_failure: int = None
-    first_death: int = None
-    grace: float = None  # seconds the stopped ranks were given to answer the interrupt
-    mismatch: str = None  # the mismatched collective that made mpinb stop the cell
-    recovered: str = None  # how ranks stuck in MPI were let out (the world and its variables kept)
-    unrecoverable: str = None  # why ranks stuck in MPI could not be let out
-    ended: str = None  # why the user ended the world during the cell (Stop pressed three times)
-    inconsistent: str = None  # what MPI completed that leaves the world unusable (mismatched collectives)
+    gathered: dict[str, PerRank] = field(default_factory=dict)  # name -> PerRank of the ranks that had it
+    gather_errors: dict[str, dict[int, str]] = field(default_factory=dict)  # name -> {rank: message}
+    gather_stats: dict[str, dict[int, dict]] = field(default_factory=dict)  # name -> {rank: {leaf path: statistics}}
+    gather_notes: list[str] = field(default_factory=list)  # how gathers travelled when not as asked
+    warnings: list[str] = field(default_factory=list)  # what the cell did that is likely a bug (replicas drifted)
+    trouble: Trouble | None = None  # why mpinb stopped the cell
+    stacks: dict[int, RankStack] = field(default_factory=dict)  # rank -> its stack when the cell was stopped
+    stuck: list[int] = field(default_factory=list)  # ranks that did not answer the interrupt
+    native: dict[int, NativeStack] = field(default_factory=dict)  # rank -> py-spy's stack of those that did not answer
+    finished: list[int] = field(default_factory=list)  # ranks that completed the cell without error
+    first_failure: int | None = None
+    first_death: int | None = None
+    grace: float | None = None  # seconds the stopped ranks were given to answer the interrupt
+    mismatch: str | None = None  # the mismatched collective that made mpinb stop the cell
+    recovered: str | None = None  # how ranks stuck in MPI were let out (the world and its variables kept)
+    unrecoverable: str | None = None  # why ranks stuck in MPI could not be let out
+    ended: str | None = None  # why the user ended the world during the cell (Stop pressed three times)
+    inconsistent: str | None = None  # what MPI completed that leaves the world unusable (mismatched collectives)
 
     @property
     def ok(self):
@@ -75,17 +87,17 @@ class Settings:
 
     number: int = 0
     stream: bool = True
-    printer: RankPrinter = None
-    metrics: object = None
-    timeout: float = None
-    abort_grace: float = 2.0
+    printer: RankPrinter | None = None
+    metrics: LiveMetrics | None = None
+    timeout: float | None = None
+    abort_grace: float | None = 2.0
     interrupt_grace: float = 5.0
     liveness_every: float = 0.5
-    status: object = None
-    collective_wait: float = 1.0
-    trace: object = None
+    status: CellStatus | None = None
+    collective_wait: float | None = 1.0
+    trace: LiveTrace | None = None
     recover: bool = True
-    progress: object = None
+    progress: Callable[[], Progress] | None = None  # makes the line that says what a stopped cell waits for
 
 
 def dispatch(world, code, *, ranks=None, options=None, **settings):
@@ -115,12 +127,12 @@ def dispatch(world, code, *, ranks=None, options=None, **settings):
     settings.printer = settings.printer or RankPrinter()
     ranks = world.ranks if ranks is None else list(ranks)
     result = CellResult(ranks=ranks, stdout={r: "" for r in ranks}, stderr={r: "" for r in ranks})
-    warning = world.time_warning()
+    warning = world.launcher.time_warning()
     if warning:
         print(f"[mpinb] {warning}", file=sys.stderr, flush=True)
-    dead = world.dead_ranks_lately(ranks, within=settings.liveness_every)
+    dead = world.liveness.dead_ranks_lately(ranks, within=settings.liveness_every)
     if dead:
-        world.mark_dead()
+        world.lifecycle.dead()
         raise MPIError(died_earlier(world, dead))
     world.kept_state.wait_until_kept(world.channel, world.ranks)  # with snapshot_lag = 0 only
     released = world.channel.segments.take_released() if world.channel is not None else {}

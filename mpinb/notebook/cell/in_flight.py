@@ -10,6 +10,7 @@ from IPython.core.error import StdinNotImplementedError
 from ...errors import MPIError, RankLost
 from ...wire.ranks import label_ranks
 from .. import panel, stops
+from ..world import State
 from ..debug import visual_debugger
 from ..diagnosis import native
 from . import gather
@@ -56,7 +57,7 @@ class InFlight:
         caller ends the world)."""
         settings, now = self.settings, time.monotonic()
         self.started = time.perf_counter()
-        self.world.mark_running()
+        self.world.lifecycle.move(State.RUNNING)
         with stops.deferred():
             self.pressed = stops.presses()
             try:
@@ -66,7 +67,7 @@ class InFlight:
                 dead = self.world.dead_ranks(self.ranks)
                 if not dead:
                     raise
-                self.world.mark_dead()
+                self.world.lifecycle.dead()
                 raise MPIError(died_earlier(self.world, dead)) from None
             self.deadline = now + settings.timeout if settings.timeout else None
             self.check_liveness_at = now + settings.liveness_every
@@ -241,7 +242,7 @@ class InFlight:
     def check_liveness(self, now):
         """Ranks that died: reported; once one did, the others cannot finish and are given up on."""
         result = self.result
-        warning = self.world.time_warning()
+        warning = self.world.launcher.time_warning()
         if warning:
             self.printer.finish()
             print(f"[mpinb] {warning}", file=sys.stderr, flush=True)
@@ -261,12 +262,12 @@ class InFlight:
         communication do not answer an interrupt: when all of them do, they are given up on at once."""
         result, settings, pending = self.result, self.settings, self.pending
         result.trouble = reason
-        self.world.mark_recovering()
+        self.world.lifecycle.move(State.RECOVERING)
         stacks = dict(stacks or {})
         missing = [rank for rank in pending if rank not in stacks]
         result.stacks = {**capture_stacks(self.world, missing), **stacks} if missing else stacks
         announce(result, pending, self.code, settings.timeout, self.first_failure, self.replies, self.printer)
-        self.world.interrupt(pending)
+        self.world.launcher.interrupt(self.world, list(pending))
         waiting = all(result.stacks[rank].in_communication(self.code) for rank in pending if rank in result.stacks)
         result.grace = min(COMMUNICATION_GRACE, settings.interrupt_grace) if waiting else settings.interrupt_grace
         self.give_up_at = time.monotonic() + result.grace
@@ -302,9 +303,9 @@ class InFlight:
         for name, values in result.gathered.items():  # rank order, whatever order the replies came in
             result.gathered[name] = PerRank(sorted(values.items()))
         if result.first_death is not None:
-            self.world.mark_dead(cell=self.settings.number)
+            self.world.lifecycle.dead(cell=self.settings.number)
         elif not (result.stuck or result.ended or result.inconsistent):
-            self.world.mark_idle()  # else the caller ends or restarts the world
+            self.world.lifecycle.move(State.IDLE)  # else the caller ends or restarts the world
         if self.interrupted is not None:
             self.interrupted.mpinb_result = result  # where each rank was, for whoever handles the interrupt
             raise self.interrupted

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ...rank.run_script import script_in
 from ...rank.stacks import WRAPPERS, aborts
 from ...wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
+from ..world import ipp
 from ..world.reaper import alive
 
 RECORD_WAIT = 5.0  # s more that a death's record is waited for while the launcher that writes it runs
@@ -122,7 +123,7 @@ def capture_stacks(world, ranks, *, wait=1.5):
     starts, stacks, remote = {}, {}, []
     for rank in ranks:
         who, path = world.identities.get(rank, {}), world.stack_files.get(rank)
-        if path is None or not world.on_this_host([rank]) or not os.path.exists(path) or \
+        if path is None or world.is_remote(rank) or not os.path.exists(path) or \
                 not _catches(who.get("pid"), STACK_SIGNAL):
             remote.append(rank)  # the signal would end a rank whose code took mpinb's handler away: asked instead
             continue
@@ -266,7 +267,7 @@ def death_report(world, dead, *, wait=1.0):
     ``MPI_Abort`` calls as mpiexec printed them."""
     deadline = time.monotonic() + wait
     while True:
-        output = world.launcher_output() + "\n" + _native_stderr(world, world.ranks)
+        output = ipp.engines_output(world.cluster) + "\n" + _native_stderr(world, world.ranks)
         deaths = {rank: _death(world, rank, output) for rank in dead}
         # a rank that ended first, of its own cause: on another host, once mpiexec said how (its report comes
         # after the engine's nanny noticed the end)
@@ -280,7 +281,7 @@ def death_report(world, dead, *, wait=1.0):
         if now > deadline and (now > deadline + RECORD_WAIT or not _records_coming(world, deaths)):
             break
         time.sleep(0.05)
-    ended = world.job_ended()  # the batch system ended the job (its time limit...): every rank died of that
+    ended = world.launcher.ended()  # the batch system ended the job (its time limit...): every rank died of that
     for death in deaths.values():
         death.job_ended = ended
     for rank, comm, code in aborts(output):
@@ -347,7 +348,7 @@ def _death(world, rank, output=""):
         reported = _reported(rank, host, output)
         if reported is not None:
             return Death(rank, host=who.get("host"), reported=reported, when=0.0 if when is None else when)
-        lost = world.lost_hosts([host]).get(host, "") if host else ""
+        lost = world.launcher.lost_hosts([host]).get(host, "") if host else ""
         if lost:
             return Death(rank, host=host, node_lost=lost, when=when)
         codes = [int(code) for named, code in _BAD_TERMINATION.findall(output) if named == host]

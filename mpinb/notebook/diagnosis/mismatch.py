@@ -233,7 +233,7 @@ def waiting_from_mirror(world, rank, states, ranks):
 def mirror_of(world, rank):
     """What *rank*'s mirror file says (``rank/tracing/mirror.py``), when the rank runs on this host."""
     path = world.stack_files.get(rank)
-    if path is None or not world.on_this_host([rank]):
+    if path is None or world.is_remote(rank):
         return None
     return read_mirror(ledger_path(path))
 

@@ -3,26 +3,23 @@ inside a batch job (``launchers.py``)."""
 
 import atexit
 import logging
-import os
-import signal
 import socket
 import tempfile
 import time
 import weakref
-from pathlib import Path
 
 import psutil
 
 from ...errors import BadArguments, MPIError, StartInterrupted
 from ...wire.channel import Channel
-from ...wire.ranks import label_ranks
 from .. import stops
-from . import ipp, leftovers, mpis, status
+from . import ipp, leftovers, mpis
 from .kept_state import KeptState
 from .launchers import Placement
+from .leftovers import Footprint
 from .lifecycle import Lifecycle, State
 from .liveness import Liveness
-from .reaper import alive, end_processes, remove_world_files, signal_all
+from .reaper import end_processes, remove_world_files, signal_all
 from .startup import StartRace, Startup, heartbeat_period
 
 log = logging.getLogger("mpinb")
@@ -120,13 +117,13 @@ class World:
         self.heartbeat_ms = None  # the period of the last start
         self.mpiexec_args = list(mpiexec_args)
         self.ip = ip
+        self.loopback = ip.startswith("127.") or ip == "localhost"
         self.launcher = self.placement.start()  # what starts the ranks where they run, and watches them there
         self.heartbeat_choice = heartbeat_ms  # None: heartbeat_period(size) at each start
         self.start_timeout = float(start_timeout)
         self.progress = progress
         self._line = None  # the Progress of a start under way
         self.threads = int(threads)
-        self.died_in = None  # the In[N] a rank of this world died during, once one did
         self.cluster = None
         self.client = None
         self.channel = None
@@ -136,13 +133,10 @@ class World:
         self.stack_files = {}  # rank -> file its stacks are dumped to on SIGUSR2
         self.status_dir = None  # where each rank's launcher writes how its engine ended
         self._prepared_at = 0.0  # when this start's status folder was made (leftovers.marked)
-        self._lifecycle = Lifecycle()  # its state (starting, idle, running, ...) and why it last ended
+        self.lifecycle = Lifecycle()  # its state (starting, idle, running, ...), why it last ended, and when it died
         self.warned = set()  # what was said once about this world's ranks (replicas that drifted apart)
-        self._reaper = None
-        self._processes = []
-        self._liveness = Liveness(self)  # which ranks have ended
-        self._shared_files = set()
-        self.shared_files_seen = set()  # every shared-memory file this world's ranks mapped (all removed at stop)
+        self.liveness = Liveness(self)  # which ranks have ended
+        self.footprint = Footprint()  # what it started on this host and would leave there
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -155,16 +149,15 @@ class World:
         return sorted(self.engines)
 
     @property
+    def died_in(self):
+        """The In[N] a rank of this world died during, once one did (``None`` before)."""
+        return self.lifecycle.died_in
+
+    @property
     def state(self):
         """Where the world is in its lifecycle (``lifecycle.State``): stopped, starting, idle, running,
         recovering, stopping or dead."""
-        return self._lifecycle.state
-
-    @property
-    def why_ended(self):
-        """Why the world last stopped when the user did not ask (``None`` once it started again, or when it never
-        did): ``%mpi status`` says it, and the next ``%%mpi`` starts the same world again."""
-        return self._lifecycle.ended
+        return self.lifecycle.state
 
     def start(self):
         """Launch the controller and ``mpiexec -n size`` engines; return ``self`` once every rank answers.
@@ -179,17 +172,17 @@ class World:
             return self._start()
 
     def _start(self):
-        self._lifecycle.move(State.STARTING)
-        self.died_in = None
+        self.lifecycle.move(State.STARTING)
+        self.lifecycle.died_in = None
         try:
             Startup(self).run()  # a failed start stops what it launched (the world is stopped)
         except StartInterrupted:
-            self._lifecycle.ended = "its start was interrupted"
+            self.lifecycle.ended = "its start was interrupted"
             raise
         self.kept_state.came_up()
         self.started_at = time.time()
-        self._lifecycle.move(State.IDLE)
-        self._lifecycle.ended = None
+        self.lifecycle.move(State.IDLE)
+        self.lifecycle.ended = None
         return self
 
     # ------------------------------------------------------------------ a start's parts (startup.py)
@@ -218,7 +211,8 @@ class World:
         """The controller and ``mpiexec`` (or the batch job) are launched: a reaper watches their processes at
         once, so that a killed kernel leaves nothing, also while the ranks register."""
         self.launcher.launched(self.job_id() or "")
-        self._start_reaper(self.launched_processes())
+        self.footprint.watch(ipp.launched_processes(self.cluster), self.status_dir,
+                             cancel=self.launcher.cancel_command(), kept_state=self.kept_state)
 
     def connect_client(self):
         """ipyparallel's client of the controller, once it wrote its connection files."""
@@ -230,9 +224,9 @@ class World:
         who}``. The reaper now watches the ranks' processes too, and the shared memory they mapped is noted
         (removed at stop if a rank that died left it)."""
         self.engines, self.identities = engines, identities
-        self._processes = self.launched_processes() + self.rank_processes()
-        self._start_reaper()  # again, watching what started since too
-        self._shared_files = self._mapped_shared_files()
+        self.footprint.registered(ipp.launched_processes(self.cluster) + self.launcher.rank_processes(self))
+        self.footprint.watch(self.footprint.processes, self.status_dir,  # again, watching what started since too
+                             cancel=self.launcher.cancel_command(), kept_state=self.kept_state)
 
     def open_channel(self, secret):
         """The cell channel to the ranks, its messages signed with *secret* (``None``: encrypted instead)."""
@@ -248,13 +242,7 @@ class World:
     def processes(self):
         """The processes this world started that run while it does (the controller, ``mpiexec`` and what it
         started, the engines, a batch job's ranks on this host), as ``psutil.Process``; empty once stopped."""
-        return list(self._processes)
-
-    @property
-    def shared_files(self):
-        """The shared-memory files the ranks on this host had mapped once they started (MPI's own segments
-        among them): what stop removes where a rank that died left them."""
-        return frozenset(self._shared_files)
+        return list(self.footprint.processes)
 
     # ------------------------------------------------------------------ stop
 
@@ -266,20 +254,20 @@ class World:
         (SIGINT) meanwhile waits for it: a stop cut half-way would leave processes nobody can end.
         """
         with stops.deferred():
-            self._lifecycle.move(State.STOPPING)
+            self.lifecycle.move(State.STOPPING)
             try:
                 self._stop(kill)
             finally:
-                self._lifecycle.move(State.STOPPED)
+                self.lifecycle.move(State.STOPPED)
 
     def _stop(self, kill):
-        silent = self._silent_hosts() if self.launcher.watches_hosts else set()
+        silent = self.liveness.silent_hosts() if self.launcher.watches_hosts else set()
         cluster, client, channel = self.cluster, self.client, self.channel
         self.cluster = self.client = self.channel = None
         if channel is not None:
             channel.close()
-        processes = self._processes or (self.launched_processes(cluster) if cluster is not None else [])
-        self._shared_files |= self._mapped_shared_files(processes)  # ranks still alive map them now
+        processes = self.footprint.processes or (ipp.launched_processes(cluster) if cluster is not None else [])
+        self.footprint.note_shared_files(processes)  # ranks still alive map them now
         if cluster is not None:
             cluster.log.setLevel(logging.ERROR)  # also for a world that failed to start: mpinb said why
         if kill:
@@ -304,13 +292,8 @@ class World:
             strays = leftovers.marked(self.status_dir, self._prepared_at)
             signal_all(strays, "terminate")
             end_processes(strays, grace=2)
-        self._remove_shared_files()
-        if self._reaper is not None and self.kept_state.holds():
-            self.kept_state.adopt(self._reaper)  # the ranks' variables outlive the world, until the kernel does
-        elif self._reaper is not None:
-            self._reaper.kill()
-            self._reaper.wait(timeout=5)
-        self._reaper = None
+        self.footprint.remove_shared_files()
+        self.footprint.release_reaper(self.kept_state)
         if cluster is not None:
             leftovers.remove_files(ipp.connection_files(cluster) + [path for path in outputs if path])
             ipp.end_event_thread(cluster)
@@ -318,42 +301,9 @@ class World:
         remove_world_files(self.status_dir, [process.pid for process in processes], self.stack_files.values())
         self.status_dir = None
         self.stack_files = {}
-        self._processes = []
+        self.footprint.processes = []
         self.engines = {}
         _live_worlds.discard(self)
-
-    def lost_hosts(self, hosts, *, within=2.0):
-        """``{host: why}`` for those of *hosts* the launcher says are lost (a Slurm node down, or whose slurmd does
-        not respond); asked at most every *within* seconds."""
-        return self.launcher.lost_hosts(hosts, within=within)
-
-    def _silent_hosts(self):
-        """Hosts other than this one all of whose ranks ipyparallel's hub unregistered (their heartbeats stopped)."""
-        if self.client is None:
-            return set()
-        try:
-            registered = set(self.client.ids)
-        except Exception:  # noqa: BLE001 - a client half gone: nothing known, so stop waits as usual
-            return set()
-        ranks = {}
-        for rank in self.ranks:
-            if self.is_remote(rank):
-                ranks.setdefault(self.identities.get(rank, {}).get("host"), []).append(rank)
-        return {host for host, on in ranks.items()
-                if host and all(self.engines.get(rank) not in registered for rank in on)}
-
-    def time_warning(self):
-        """The warning that the batch job's time limit is near, once; else ``None``."""
-        return self.launcher.time_warning()
-
-    def job_ended(self):
-        """What ended the batch job when Slurm ended it (its time limit, a preemption...); ``""`` otherwise."""
-        return self.launcher.ended()
-
-    def keep_state(self, enabled, *, limit=None, lag=None):
-        """Whether the ranks of the next start snapshot their variables (for a restart after a death), and how
-        (``KeptState``)."""
-        self.kept_state.enabled, self.kept_state.limit, self.kept_state.lag = enabled, limit, lag
 
     def restart(self, size=None, *, kill=False):
         """Stop this world and start a fresh one (same size unless *size* is given); returns ``self``.
@@ -366,60 +316,12 @@ class World:
             self.stop(kill=kill)
             self.size = size
             if stops.presses() > pressed:
-                self._lifecycle.ended = "its restart was interrupted"
+                self.lifecycle.ended = "its restart was interrupted"
                 raise StartInterrupted(f"the restart was interrupted while the world stopped: its {self.size} ranks "
                                        "are stopped and none was started, so no world is running")
             return self.start()
 
-    # ------------------------------------------------------------------ a cell's moves (in_flight.py, running.py)
-
-    def mark_running(self):
-        """A cell was sent to the ranks."""
-        self._lifecycle.move(State.RUNNING)
-
-    def mark_recovering(self):
-        """The running cell was stopped: its ranks are answering the interrupt, or being let out of MPI."""
-        self._lifecycle.move(State.RECOVERING)
-
-    def mark_idle(self):
-        """Every rank is done with the cell and waits for the next one."""
-        self._lifecycle.move(State.IDLE)
-
-    def mark_dead(self, cell=None):
-        """A rank died (during the cell ``In[cell]``, when it is known): the world runs no cell until it is
-        restarted."""
-        self._lifecycle.move(State.DEAD)
-        if cell is not None:
-            self.died_in = cell
-
-    def dead_text(self):
-        """``rank 1 died during In[4]`` (or ``ranks 0-1 died``) when some of this world's ranks are gone, else
-        ``None``."""
-        dead = self.dead_ranks() if self.running else []
-        if not dead:
-            return None
-        during = f" during In[{self.died_in}]" if self.died_in is not None else ""
-        return f"{label_ranks(dead)} died{during}"
-
-    def mark_ended(self, why):
-        """The world was stopped, or could not be started again, without the user asking: *why*, for
-        :attr:`why_ended`."""
-        self._lifecycle.ended = why
-
     # ------------------------------------------------------------------ use
-
-    def interrupt(self, ranks=None):
-        """Send SIGINT to *ranks*: by pid when they run on this host, else through ipyparallel."""
-        ranks = self.ranks if ranks is None else list(ranks)
-        local = self.local_ranks(ranks)
-        for rank in local:
-            try:
-                os.kill(self.identities[rank]["pid"], signal.SIGINT)
-            except ProcessLookupError:
-                pass
-        remote = [self.engines[rank] for rank in ranks if rank not in local]
-        if remote:
-            self.client.send_signal(signal.SIGINT, targets=remote, block=False)
 
     @property
     def view(self):
@@ -434,34 +336,9 @@ class World:
         view.block = True
         return view
 
-    def launcher_output(self):
-        """What mpiexec printed so far (Hydra's reports of failed processes among it)."""
-        texts = []
-        for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
-            path = ipp.output_file(launcher)
-            if path and os.path.exists(path):
-                with open(path, errors="replace") as output:
-                    texts.append(output.read())
-        return "\n".join(texts)
-
-    def on_this_host(self, ranks=None):
-        """Whether *ranks* (default: all) run on the notebook's host, so they can share memory with it."""
-        ranks = self.ranks if ranks is None else list(ranks)
-        return len(self.local_ranks(ranks)) == len(ranks)
-
     def dead_ranks(self, ranks=None):
         """Ranks among *ranks* (default: all) whose engine has ended (:meth:`Liveness.dead_ranks`)."""
-        return self._liveness.dead_ranks(self.ranks if ranks is None else list(ranks))
-
-    def dead_ranks_lately(self, ranks=None, within=0.5):
-        """:meth:`dead_ranks`, asking the hub about ranks on other hosts at most every *within* seconds
-        (:meth:`Liveness.dead_ranks_lately`)."""
-        return self._liveness.dead_ranks_lately(self.ranks if ranks is None else list(ranks), within)
-
-    def launcher_ended(self):
-        """Whether an ``mpiexec`` this process started has exited: its ranks on other hosts are ended or cut off."""
-        processes = [ipp.process(launcher) for launcher in self.cluster.engines.values()] if self.cluster else []
-        return any(process is not None and not alive(process) for process in processes)
+        return self.liveness.dead_ranks(self.ranks if ranks is None else list(ranks))
 
     def is_remote(self, rank):
         """Whether *rank* runs on another host than the notebook's."""
@@ -472,14 +349,6 @@ class World:
         here = socket.gethostname()
         return [rank for rank in ranks if self.identities.get(rank, {}).get("host") == here]
 
-    def status(self):
-        """One row per rank: ``{"rank", "host", "pid", "threads", "state"}``, state being idle, busy or dead."""
-        return status.rank_states(self)
-
-    def describe(self):
-        """A summary: size, MPI library, mpiexec, the batch job if any, and which ranks run on which host."""
-        return status.describe(self)
-
     def hosts(self):
         """``{host: [ranks]}`` in order of each host's lowest rank."""
         hosts = {}
@@ -487,75 +356,14 @@ class World:
             hosts.setdefault(self.identities[rank]["host"], []).append(rank)
         return hosts
 
-    @property
-    def loopback(self):
-        return self.ip.startswith("127.") or self.ip == "localhost"
-
     # ------------------------------------------------------------------ internals
 
     def job_id(self):
+        """The batch job the ranks run in, as its scheduler numbers it, or ``None``."""
         for launcher in (self.cluster.engines.values() if self.cluster is not None else ()):
             if ipp.job_id(launcher):
                 return ipp.job_id(launcher)
         return None
-
-    def rank_processes(self):
-        """Processes of the ranks on this host that this kernel did not start itself (a batch job's): each
-        engine and the ``mpinb.rank.launch`` parent above it."""
-        if not self.launcher.batch:
-            return []
-        processes = []
-        for rank in self.local_ranks(self.ranks):
-            try:
-                engine = psutil.Process(self.identities[rank]["pid"])
-                processes.append(engine)
-                parent = engine.parent()
-                if parent is not None and "mpinb.rank.launch" in parent.cmdline():
-                    processes.append(parent)
-            except psutil.NoSuchProcess:
-                pass
-        return processes
-
-    def launched_processes(self, cluster=None):
-        """The processes this kernel started for *cluster* (default: the world's): the controller, and
-        ``mpiexec`` (or the batch launcher) with everything below it."""
-        cluster = cluster or self.cluster
-        processes = []
-        for launcher in [cluster.controller, *cluster.engines.values()]:
-            process = ipp.process(launcher)
-            if process is None:
-                continue
-            try:
-                processes.append(process)
-                processes.extend(process.children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
-        return processes
-
-    def _start_reaper(self, processes=None):
-        """A watcher that ends this world's *processes* (default: all it knows) if this process dies without
-        stopping it (``notebook/world/reaper.py``); it replaces the one started before."""
-        self._reaper = leftovers.start_reaper(self._processes if processes is None else processes,
-                                              self.status_dir, cancel=self.launcher.cancel_command(),
-                                              kept=self.kept_state.root,
-                                              previous=self._reaper or self.kept_state.release())
-
-    def _mapped_shared_files(self, processes=None):
-        """Shared-memory files the ranks here have mapped (MPI's own segments among them)."""
-        return leftovers.mapped_shared_files(self._processes if processes is None else processes)
-
-    def _remove_shared_files(self):
-        """MPI removes its segments at MPI_Finalize; a rank that died cannot, so what is left once every process
-        of the world is gone is removed here (only files these ranks had mapped)."""
-        for path in self._shared_files:
-            Path(path).unlink(missing_ok=True)
-        self.shared_files_seen |= self._shared_files
-        self._shared_files = set()
-
-    def controller_alive(self):
-        process = ipp.process(self.cluster.controller)
-        return process is None or alive(process)
-
 
 @atexit.register
 def _stop_all_worlds():

@@ -6,10 +6,12 @@ Typed instead of probed: a launcher's process, output file and job id are read f
 defines them (local processes, batch jobs), and connection files from the controller launcher's own property.
 """
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
 
+import psutil
 from ipyparallel.cluster.launcher import (BatchSystemLauncher, LocalProcessLauncher, MPIEngineSetLauncher,
                                           find_launcher_class)
 
@@ -122,3 +124,31 @@ def batch_launcher(name):
 
     Launcher.__name__ = Launcher.__qualname__ = f"Reporting{base.__name__}"
     return Launcher
+
+
+def launched_processes(cluster):
+    """The processes this kernel started for ipyparallel's *cluster*: the controller, and ``mpiexec`` (or the
+    batch launcher) with everything below it."""
+    processes = []
+    for launcher in [cluster.controller, *cluster.engines.values()]:
+        started = process(launcher)
+        if started is None:
+            continue
+        try:
+            processes.append(started)
+            processes.extend(started.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return processes
+
+
+def engines_output(cluster):
+    """What the engines' launcher (``mpiexec``, or the batch job) printed so far, Hydra's reports of failed
+    processes among it (``""`` without a cluster)."""
+    texts = []
+    for launcher in (cluster.engines.values() if cluster is not None else ()):
+        path = output_file(launcher)
+        if path and os.path.exists(path):
+            with open(path, errors="replace") as output:
+                texts.append(output.read())
+    return "\n".join(texts)

@@ -46,6 +46,10 @@ class KeptState:
         self._came_up = True  # whether the start of the current generation came up (none yet: nothing pending)
         self._watcher = None  # an ended world's reaper, which removes root if the kernel is killed
 
+    def configure(self, enabled, *, limit=None, lag=None):
+        """Whether the ranks of the next start snapshot their variables (for a restart after a death), and how."""
+        self.enabled, self.limit, self.lag = enabled, limit, lag
+
     def environment(self, size):
         """The ranks' environment for the next start, of *size* ranks: where they keep snapshots (nothing when
         off). A start that follows one that never came up (it failed, or was stopped: a retry) keeps that one's

@@ -10,6 +10,52 @@ from pathlib import Path
 import psutil
 
 
+class Footprint:
+    """What one world started on this host and would leave there: its processes (the controller, ``mpiexec`` and
+    what it started, the engines, a batch job's ranks on this host), the shared-memory files its ranks mapped, and
+    the reaper that ends them all if the kernel dies without stopping the world."""
+
+    def __init__(self):
+        self.processes = []  # as psutil.Process, once every rank registered; empty once stopped
+        self.shared_files = set()  # mapped by the ranks here (MPI's own segments among them): removed at stop
+        self.shared_files_seen = set()  # every one this world's ranks mapped (all removed at stop)
+        self.reaper = None
+
+    def watch(self, processes, status_dir, *, cancel, kept_state):
+        """A reaper that ends *processes* and runs *cancel* if this process dies without stopping the world, and
+        removes *kept_state*'s folder; it replaces the one started before."""
+        self.reaper = start_reaper(processes, status_dir, cancel=cancel, kept=kept_state.root,
+                                   previous=self.reaper or kept_state.release())
+
+    def registered(self, processes):
+        """Every rank registered: *processes* are all the world's here, and the shared memory they mapped is noted
+        (removed at stop if a rank that died left it)."""
+        self.processes = processes
+        self.shared_files = mapped_shared_files(processes)
+
+    def note_shared_files(self, processes):
+        """Add the shared-memory files *processes* map now (ranks still alive, at stop)."""
+        self.shared_files |= mapped_shared_files(processes)
+
+    def remove_shared_files(self):
+        """MPI removes its segments at MPI_Finalize; a rank that died cannot, so what is left once every process
+        of the world is gone is removed here (only files these ranks had mapped)."""
+        for path in self.shared_files:
+            Path(path).unlink(missing_ok=True)
+        self.shared_files_seen |= self.shared_files
+        self.shared_files = set()
+
+    def release_reaper(self, kept_state):
+        """The world stopped: its reaper is handed to *kept_state* when the ranks' variables outlive the world
+        (until the kernel does), else ended."""
+        if self.reaper is not None and kept_state.holds():
+            kept_state.adopt(self.reaper)
+        elif self.reaper is not None:
+            self.reaper.kill()
+            self.reaper.wait(timeout=5)
+        self.reaper = None
+
+
 def start_reaper(processes, status_dir, *, cancel=None, kept=None, previous=None):
     """A watcher (``python -m mpinb.notebook.world.reaper``) that ends *processes*, runs *cancel* (a shell command) and removes the folder
     *kept* (the ranks' kept variables), if this process dies without stopping its world; *previous*, the one

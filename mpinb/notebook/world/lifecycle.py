@@ -61,12 +61,25 @@ class Lifecycle:
     def __init__(self):
         self.state = State.STOPPED
         self.ended = None  # why the world last stopped when the user did not ask (shown by %mpi status)
+        self.died_in = None  # the In[N] a rank of the world died during, once one did
 
     def move(self, state):
         state = State(state)
         if state != self.state and state not in MOVES[self.state]:
             log.warning("mpinb: world moved from %s to %s, which its lifecycle does not foresee", self.state, state)
         self.state = state
+
+    def dead(self, cell=None):
+        """A rank died (during the cell ``In[cell]``, when it is known): the world runs no cell until it is
+        restarted."""
+        self.move(State.DEAD)
+        if cell is not None:
+            self.died_in = cell
+
+    def end(self, why):
+        """The world was stopped, or could not be started again, without the user asking: *why*, for
+        ``%mpi status`` and the next start."""
+        self.ended = why
 
     def __str__(self):
         return str(self.state)

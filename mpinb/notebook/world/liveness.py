@@ -5,12 +5,14 @@ import time
 
 import psutil
 
-from .reaper import has_ended
+from ...wire.ranks import label_ranks
+from . import ipp
+from .reaper import alive, has_ended
 
 
 class Liveness:
     """The dead-rank checks of *world* (a :class:`~mpinb.notebook.world.cluster.World`, read only: its ``identities``,
-    ``engines``, ``client``, :meth:`local_ranks` and :meth:`launcher_ended`)."""
+    ``engines``, ``client``, ``cluster``, ``launcher`` and :meth:`local_ranks`)."""
 
     def __init__(self, world):
         self.world = world
@@ -63,8 +65,41 @@ class Liveness:
         # a node Slurm says is lost (its slurmd silent, the node down): its ranks may go on answering heartbeats
         # for long, cut off from the rest of the job, which Slurm ends; they are lost now
         hosts = {rank: world.identities.get(rank, {}).get("host") for rank in remote}
-        lost = world.lost_hosts(sorted({host for host in hosts.values() if host}))
+        lost = world.launcher.lost_hosts(sorted({host for host in hosts.values() if host}))
         gone += [rank for rank in remote if hosts[rank] in lost and rank not in gone]
         # Open MPI ends the whole job as soon as one rank dies, the engines' nannies with it: the hub
         # would hear of it only when the heartbeats stop, but the local mpiexec has exited by then
-        return remote if len(gone) < len(remote) and world.launcher_ended() else gone
+        return remote if len(gone) < len(remote) and self.launcher_ended() else gone
+
+    def launcher_ended(self):
+        """Whether an ``mpiexec`` this process started has exited: its ranks on other hosts are ended or cut off."""
+        cluster = self.world.cluster
+        processes = [ipp.process(launcher) for launcher in cluster.engines.values()] if cluster else []
+        return any(process is not None and not alive(process) for process in processes)
+
+    def dead_text(self):
+        """``rank 1 died during In[4]`` (or ``ranks 0-1 died``) when some of the world's ranks are gone, else
+        ``None``."""
+        world = self.world
+        dead = world.dead_ranks() if world.running else []
+        if not dead:
+            return None
+        died_in = world.lifecycle.died_in
+        during = f" during In[{died_in}]" if died_in is not None else ""
+        return f"{label_ranks(dead)} died{during}"
+
+    def silent_hosts(self):
+        """Hosts other than this one all of whose ranks ipyparallel's hub unregistered (their heartbeats stopped)."""
+        world = self.world
+        if world.client is None:
+            return set()
+        try:
+            registered = set(world.client.ids)
+        except Exception:  # noqa: BLE001 - a client half gone: nothing known, so stop waits as usual
+            return set()
+        ranks = {}
+        for rank in world.ranks:
+            if world.is_remote(rank):
+                ranks.setdefault(world.identities.get(rank, {}).get("host"), []).append(rank)
+        return {host for host, on in ranks.items()
+                if host and all(world.engines.get(rank) not in registered for rank in on)}

@@ -4,6 +4,8 @@ ranks run."""
 import logging
 
 from ...wire.ranks import label_ranks
+from . import ipp
+from .reaper import alive
 
 log = logging.getLogger("mpinb")
 
@@ -13,7 +15,7 @@ def rank_states(world):
     queues = {}
     alive_ids = set(world.client.ids) if world.running else set()
     asked = [eid for eid in world.engines.values() if eid in alive_ids]
-    if asked and world.controller_alive():
+    if asked and _controller_alive(world):
         try:
             queues = world.client.queue_status(targets=asked)
         except Exception as exc:  # noqa: BLE001 - engines unregistering as we ask: show them as they are
@@ -51,3 +53,8 @@ def describe(world):
         line += f"; controller on {world.ip}"
     hosts = world.hosts()
     return line + "\n" + "; ".join(f"{host}: {label_ranks(ranks)}" for host, ranks in hosts.items())
+
+
+def _controller_alive(world):
+    process = ipp.process(world.cluster.controller)
+    return process is None or alive(process)

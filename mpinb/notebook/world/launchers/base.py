@@ -4,9 +4,10 @@ while they run, and what is left to end once they stop.
 Every launcher starts the ranks with a single ``mpiexec -n N``, so they form one MPI world whatever starts them.
 """
 
+import os
+import signal
 import socket
 
-from ....errors import BadArguments
 
 OPTIONS = ("partition", "time", "account", "scheduler_args")  # what a placement may ask beyond -n and a hostfile
 
@@ -77,6 +78,23 @@ class Launcher:
         return None
 
     # ------------------------------------------------------------------ while the ranks run
+
+    def rank_processes(self, world):
+        """Processes of *world*'s ranks on this host that this kernel did not start itself (``[]``: it started
+        them all, under ``mpiexec``)."""
+        return []
+
+    def interrupt(self, world, ranks):
+        """Send SIGINT to *world*'s *ranks*: by pid when they run on this host, else through ipyparallel."""
+        local = world.local_ranks(ranks)
+        for rank in local:
+            try:
+                os.kill(world.identities[rank]["pid"], signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        remote = [world.engines[rank] for rank in ranks if rank not in local]
+        if remote:
+            world.client.send_signal(signal.SIGINT, targets=remote, block=False)
 
     @property
     def watches_hosts(self):

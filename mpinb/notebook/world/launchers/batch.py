@@ -8,6 +8,8 @@ import shlex
 import shutil
 from dataclasses import dataclass
 
+import psutil
+
 from ....errors import BadArguments
 from .. import ipp
 from .base import OPTIONS, Launcher
@@ -55,6 +57,20 @@ class Batch(Launcher):
         extra = ", ".join(f"{name} {getattr(self.placement, name)}" for name in ("partition", "time", "account")
                           if getattr(self.placement, name))
         return f"{self.scheduler.name} job {job_id or ''}".rstrip() + (f" ({extra})" if extra else "")
+
+    def rank_processes(self, world):
+        """Each engine of the job on this host and the ``mpinb.rank.launch`` parent above it."""
+        processes = []
+        for rank in world.local_ranks(world.ranks):
+            try:
+                engine = psutil.Process(world.identities[rank]["pid"])
+                processes.append(engine)
+                parent = engine.parent()
+                if parent is not None and "mpinb.rank.launch" in parent.cmdline():
+                    processes.append(parent)
+            except psutil.NoSuchProcess:
+                pass
+        return processes
 
     def configure(self, config, *, mpiexec, mpiexec_args, engine_cmd, environment, workdir):
         """The job script is written to *workdir* (the job itself runs in the notebook's directory, as local ranks
