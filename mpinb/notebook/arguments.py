@@ -184,11 +184,10 @@ def line_parser():
     debug.add_argument("--rank", dest="panel_rank", type=int, default=None, metavar="R",
                        help="the rank JupyterLab's debugger panel shows when ranks stop at breakpoints (default 0)")
     inject = commands.add_parser(
-        "inject", help="plant a fault on rank R, acted on at its collectives (for teaching): straggler, kill, stall, "
-                       "nan, perturb; clear removes every fault; alone, lists them")
-    inject.add_argument("kind", nargs="?", default=None,
-                        choices=["straggler", "kill", "stall", "nan", "perturb", "clear"], metavar="KIND",
-                        help="straggler, kill, stall, nan, perturb, or clear")
+        "inject", help=f"plant a fault on rank R, acted on at its collectives (for teaching): "
+                       f"{', '.join(faults.KINDS)}; clear removes every fault; alone, lists them")
+    inject.add_argument("kind", nargs="?", default=None, choices=[*faults.KINDS, "clear"], metavar="KIND",
+                        help=f"{', '.join(faults.KINDS)}, or clear")
     inject.add_argument("--rank", type=int, default=None, metavar="R", help="the rank it is planted on")
     inject.add_argument("--at", type=collective, default=1, metavar="N",
                         help="the rank's collective, counted from now (1: the next one), it acts at (from: "
