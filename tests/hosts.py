@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 SSHD = "/usr/sbin/sshd"
 NETNS_ETC = Path("/etc/netns")
@@ -96,15 +97,6 @@ def _ip(*args, timeout=30):
     if done.returncode:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip() or done.returncode}")
     return done.stdout
-
-
-def wait_for(predicate, what, timeout=20.0, interval=0.05):
-    """Poll ``predicate`` until it is true; RuntimeError naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def netns_inode(name):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from hosts import NETNS_ETC, NETNS_RUN, Hosts, wait_for
+from hosts import NETNS_ETC, NETNS_RUN, Hosts
+from waiting import wait_for
 
 pytestmark = pytest.mark.hosts
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from hosts import Hosts, setup_across, wait_for
+from hosts import Hosts, setup_across
+from waiting import wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 

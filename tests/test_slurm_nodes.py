@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hosts import Hosts, wait_for
+from hosts import Hosts
+from waiting import wait_for
 from slurm_cluster import SlurmNodes
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.slurm, pytest.mark.hosts, pytest.mark.timeout(600)]
