@@ -214,6 +214,7 @@ def _ledger(dist, group, name=None):
         except Exception:  # noqa: BLE001 - a group torch cannot describe: compare it by name only
             members = ()
         ledger = _state.ledger(name, members)
+    if name not in _groups:  # a new ledger, or a group made again after destroy_process_group cleared them
         # the default group by None (the one current when a stand-in runs): holding the object would keep a
         # destroyed group's gloo pairs and store alive into the next init_process_group
         _groups[name] = None if name == "torch:default" else group
