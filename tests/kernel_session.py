@@ -98,6 +98,13 @@ def _text(messages):
     return ANSI.sub("", "".join(parts))
 
 
+def run(session, code, answers=()):
+    """Execute *code* in *session*, typing *answers* at each prompt (``c`` once they run out): ``(status, output,
+    prompts)``."""
+    shown = session.run(code, answers=answers, timeout=120)
+    return shown.status, shown.text, shown.prompts
+
+
 @contextlib.contextmanager
 def kernel(env=None):
     """A real ipykernel with its client, shut down (and its processes with it) at the end."""

@@ -3,15 +3,9 @@ a notebook front end does): post-mortem with %mpi debug R, breakpoint() on one r
 
 import pytest
 from conftest import leftover_ranks, new_world_tag
-from kernel_session import kernel
+from kernel_session import kernel, run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
-
-
-def run(session, code, answers=()):
-    """Execute *code*, typing *answers* at each prompt (``c`` once they run out): ``(status, output, prompts)``."""
-    shown = session.run(code, answers=answers, timeout=120)
-    return shown.status, shown.text, shown.prompts
 
 
 def test_post_mortem_on_the_failing_rank_and_breakpoints_on_one_rank_or_several():

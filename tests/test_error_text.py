@@ -6,9 +6,9 @@ import re
 import pytest
 from conftest import leftover_ranks, new_world_tag
 from IPython.core.error import UsageError
+from kernel_session import kernel, run
 
 from mpinb.errors import MPIError, RankError
-from test_debug import kernel, run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(240)]
 

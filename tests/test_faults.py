@@ -5,20 +5,12 @@ import re
 import threading
 
 import pytest
+from cells import DEADLOCK
 from conftest import assert_all_gone, world_processes
 
 from mpinb.errors import MPIError, RankError
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(180)]
-
-DEADLOCK = """\
-x = 1
-if rank == 0:
-    comm.recv(source=1)
-elif rank == 1:
-    comm.recv(source=0)
-"""
-
 
 INTERNAL = re.compile(r"mpinb/(magics|execute|channel|cluster)\.py|site-packages/(zmq|ipyparallel)/")
 

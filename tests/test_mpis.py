@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cells import DEADLOCK
 from conftest import assert_all_gone, leftover_ranks, new_world_tag, world_processes
 from IPython.core.error import UsageError
-from test_faults import DEADLOCK
 
 import mpinb
 from mpinb.errors import MPIError, RankError

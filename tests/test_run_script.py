@@ -311,7 +311,7 @@ def test_the_debugger_stops_in_the_script_at_its_lines(tmp_path):
     """``breakpoint()`` in a script, and ``%mpi debug R`` after it failed, in a real kernel: pdb's prompt in the
     notebook, at the script's file and lines."""
     from conftest import leftover_ranks, new_world_tag
-    from test_debug import kernel, run
+    from kernel_session import kernel, run
 
     stops = script(tmp_path, """\
         from mpi4py import MPI

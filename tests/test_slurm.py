@@ -11,7 +11,7 @@ import pytest
 from conftest import leftover_ranks, new_world_tag
 from IPython.core.error import UsageError
 from slurm_cluster import SlurmCluster
-from test_export import TRAINING, export, final_loss, training_notebook
+from training import TRAINING, export, final_loss, training_notebook
 
 from mpinb.errors import MPIError
 from mpinb.wire.channel import reachable_address

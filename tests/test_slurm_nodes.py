@@ -277,7 +277,7 @@ def test_each_mpi_starts_its_ranks_on_both_nodes_through_slurm(cluster, how, mon
 def test_an_exported_notebook_runs_across_both_nodes_as_a_slurm_job_with_the_same_loss(cluster, tmp_path):
     """The training notebook's export (``mpinb export --sbatch``) submitted across the two nodes gives the loss
     the same script gives under plain mpiexec here (which is the notebook's: ``test_export.py``)."""
-    from test_export import export, final_loss, training_notebook
+    from training import export, final_loss, training_notebook
 
     from mpinb.notebook.world.mpis import default_mpiexec
 
