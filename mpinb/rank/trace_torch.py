@@ -42,6 +42,7 @@ def install(dist):
             setattr(dist, name, _wrap(dist, function, name, spec))
     coalesced = getattr(dist, "_broadcast_coalesced", None)
     if coalesced is not None:
+        original["broadcast_coalesced"] = coalesced
         dist._broadcast_coalesced = _wrap_coalesced(dist, coalesced)
     destroy = getattr(dist, "destroy_process_group", None)
     if destroy is not None:
@@ -258,6 +259,10 @@ def stand_in(name, signature):
                                                      group=group),
         "all_gather_into_tensor": lambda: original["all_gather_into_tensor"](zeros(count * size), zeros(count),
                                                                              group=group),
+        # DDP's parameter broadcast as it is made (its models' states, one dtype, under 250 MB: one broadcast), for
+        # the rank a model of other shapes made fail in DDP's own check while the others went on to broadcast
+        "broadcast_coalesced": lambda: original["broadcast_coalesced"](
+            group if group is not None else _default_group(), [zeros(count)], 250 * 1024 * 1024, root),
     }
     call = calls.get(op)
     if call is None or (count is None and op != "barrier"):
@@ -266,6 +271,12 @@ def stand_in(name, signature):
     info.count += 1
     info.recent.append((info.count, tuple(signature)))
     call()
+
+
+def _default_group():
+    import torch.distributed as dist
+
+    return dist.group.WORLD
 
 
 def _size(group):
