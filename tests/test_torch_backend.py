@@ -101,6 +101,16 @@ def test_a_mismatch_is_named_on_every_rank_and_the_world_kept(cell, said, ddp):
 
 @pytest.mark.slow
 @pytest.mark.notebook
+def test_a_ddp_model_of_other_shapes_on_one_rank_is_named_and_the_world_kept(ddp):
+    shown = ddp.run("%%mpi\nother = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1 if rank == 0 else 2))")
+    assert shown.status == "error", shown.text
+    assert "rank 1: RuntimeError: [1]: params[0] in this process with sizes [2, 4] appears not to match" in shown.text
+    assert "the world and every rank's variables are kept" in shown.text, shown.text
+    healthy_step(ddp)
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
 def test_uneven_inputs_are_named_as_under_gloo(ddp):
     shown = ddp.run("%%mpi\nfor x in batches:\n    step(x)\nkept = 'yes'")
     assert shown.status == "error", shown.text
