@@ -12,6 +12,7 @@ import pytest
 from conftest import leftover_ranks, new_world_tag
 
 from kernel_session import kernel
+from waiting import wait_for
 
 from mpinb.errors import MPIError, RankError
 
@@ -120,10 +121,8 @@ def test_a_kernel_killed_after_its_world_ended_leaves_no_kept_variables():
         kept = shown.text.split("KEPT ", 1)[1].split()[0]
         assert os.path.isdir(kept)
         os.kill(k.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 20  # the ended world's reaper polls the kernel once a second
-        while os.path.exists(kept) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not os.path.exists(kept)
+        # the ended world's reaper polls the kernel once a second
+        wait_for(lambda: not os.path.exists(kept), "the ended world's reaper to remove the kept variables", 20, 0.2)
     assert not leftover_ranks(tag)
 
 
@@ -305,7 +304,7 @@ def test_a_start_that_fails_leaves_no_snapshot_folder(session):
     assert session.run("%mpi stop").status == "ok"
     shown = session.run("%mpi start --mpi /bin/true")
     assert shown.status == "error" and "mpiexec exited" in shown.text, shown.text
-    shown = session.run("from mpinb.notebook import kept_state\nprint('ROOTS', len(kept_state._roots))")
+    shown = session.run("from mpinb.notebook.world import kept_state\nprint('ROOTS', len(kept_state._roots))")
     assert "ROOTS 0" in shown.text, shown.text
     assert session.run("%mpi start -n 2").status == "ok"
 

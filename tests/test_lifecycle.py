@@ -18,6 +18,7 @@ import psutil
 import pytest
 from conftest import assert_all_gone, world_processes
 from IPython.core.error import UsageError
+from waiting import wait_for
 
 from mpinb.errors import MPIError, NoMPI, RankError
 from mpinb.notebook.world import status
@@ -308,8 +309,6 @@ def test_kernel_shutdown_restart_or_kill_leaves_no_orphans(end):
         for helper in helpers:  # this test's own, by pid, should the assertion fail
             with contextlib.suppress(psutil.NoSuchProcess):
                 helper.kill()
-    deadline = time.monotonic() + 20  # a killed kernel's folder goes with its watcher, which polls once a second
-    while kept.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not kept.exists()  # the ranks' kept variables are the kernel's to restore: gone with it
+    # the ranks' kept variables are the kernel's to restore: gone with it, with its watcher (it polls once a second)
+    wait_for(lambda: not kept.exists(), "the killed kernel's kept variables to be removed", 20, 0.2)
 
