@@ -58,3 +58,39 @@ def test_what_c_wrote_just_before_a_crash_is_in_the_message(ip, world_of, mpi):
     text = str(info.value)
     assert re.search(r"rank 1 died: signal 11 \(SIGSEGV\).*its last stderr lines:\n(.*\n)*libfoo: bad descriptor "
                      r"table, giving up", text), text
+
+
+LATE_WRITER = """\
+import os, threading, time
+def _late():
+    while not os.path.exists({started!r}):  # the next cell, which runs on rank 1 only, has begun
+        time.sleep(0.01)
+    os.write(1, b"written between cells by rank 0\\n")
+    open({written!r}, "w").close()
+if rank == 0:
+    threading.Thread(target=_late, daemon=True).start()
+"""
+
+ONLY_RANK_1 = """\
+import os, time
+open({started!r}, "w").close()
+while not os.path.exists({written!r}):
+    time.sleep(0.01)
+time.sleep(0.5)  # rank 0's forwarder sends what it wrote within 50 ms
+print("rank 1 done")
+"""
+
+
+def test_output_of_a_rank_a_cell_does_not_run_on_is_shown_and_the_cell_goes_on(world_of, mpi, capsys, tmp_path):
+    """A rank outside ``--ranks`` that writes while the cell runs (a thread of its own, C output between cells):
+    its line is shown, labelled, and the cell's result holds its own ranks only."""
+    world_of(2)
+    files = dict(started=str(tmp_path / "started"), written=str(tmp_path / "written"))
+    mpi(LATE_WRITER.format(**files))
+    capsys.readouterr()
+    mpi(ONLY_RANK_1.format(**files), "--ranks 1")
+    captured = capsys.readouterr()
+    assert "[rank 1] rank 1 done" in captured.out, captured.out
+    assert "[rank 0] written between cells by rank 0" in captured.out, captured.out
+    mpi("print('after')")
+    assert "[rank 0] after" in capsys.readouterr().out

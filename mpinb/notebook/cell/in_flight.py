@@ -125,8 +125,12 @@ class InFlight:
             return
         if isinstance(message, Out) and message.cell_id in (self.cell_id, None):  # None: written between cells
             rank, _, name, text = message
-            getattr(result, name)[rank] += text
-            if settings.stream:
+            streams = getattr(result, name)
+            if rank in streams:
+                streams[rank] += text
+                if settings.stream:
+                    self.printer.feed(rank, name, text)
+            else:  # a rank the cell does not run on, writing between its cells (a thread, C): shown, not the cell's
                 self.printer.feed(rank, name, text)
         elif isinstance(message, Metrics) and settings.metrics is not None:
             settings.metrics.add(message.rank, message.records)
