@@ -201,6 +201,10 @@ def test_faults_render_in_jupyterlab_with_who_failed_and_where(tmp_path, monkeyp
         for index in range(len(EDGES)):
             run(cells.nth(index), page, wait=True)
         shown = [cells.nth(index).locator(".jp-OutputArea").inner_text() for index in range(len(EDGES))]
+        # an error's long lines break between words (the MPI panel's stylesheet; JupyterLab's own breaks anywhere)
+        breaks = [cells.nth(index).locator(".jp-OutputArea-output pre").evaluate_all(
+            "pres => pres.map(p => getComputedStyle(p).wordBreak)") for index in (1, 2, 3)]
+    assert all(breaks) and not any("break-all" in each for each in breaks), breaks
     assert "[mpinb]   rank 0: blocked in comm.recv(source=1) at cell line 3" in shown[1]
     assert "rank 1: ValueError: bad batch on rank 1" in shown[2] and "rank 0 finished" not in shown[2]
     assert "rank 1 called MPI_Abort(MPI_COMM_WORLD, 3), so mpiexec ended every rank of the job (error code 3)" \
