@@ -296,6 +296,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'mpinb-panel:plugin',
   description: "A sidebar panel showing every rank of each kernel's MPI world, live while a cell runs",
   autoStart: true,
+  // Nothing required but the front end, and the panel goes in through `app.shell.add(..., 'right')`, which
+  // JupyterLab's shell and Notebook 7's both have: Notebook 7 lists it under View > Right Sidebar as "Show " and
+  // the caption (tests/test_panel_notebook.py). Requiring ILabShell would leave it out of Notebook 7.
   activate: (app: JupyterFrontEnd) => {
     const panel = new MPIPanel(app);
     app.shell.add(panel, 'right', { rank: 900 });
