@@ -7,6 +7,8 @@ import os
 import socket
 import uuid
 
+from . import group_record
+
 LOOPBACK = "127.0.0.1"
 
 # what torch's elastic agent puts in a worker's environment (torch/distributed/elastic/agent/server/
@@ -201,7 +203,7 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
 
         comm = MPI.COMM_WORLD
     if dist.is_initialized():
-        return dict(_current) if _current else _existing_group()
+        return group_record.described() or _existing_group()
     from . import torch_backend
 
     torch_backend.register()
@@ -216,10 +218,10 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
     dist.init_process_group(chosen, init_method=_meeting_point(comm), rank=comm.rank, world_size=comm.size,
                             timeout=datetime.timedelta(seconds=timeout),
                             **({"device_id": device} if chosen == "nccl" else {}))
-    _current.update(backend=chosen, rank=comm.rank, size=comm.size, local_rank=local_rank,
-                    device=str(device) if device is not None else "cpu", note=note)
+    group_record.remember(backend=chosen, rank=comm.rank, size=comm.size, local_rank=local_rank,
+                          device=str(device) if device is not None else "cpu", note=note)
     atexit.register(_destroy_at_exit)
-    return dict(_current)
+    return group_record.described()
 
 
 def _local_rank_and_size(comm):
@@ -308,15 +310,7 @@ def destroy_process_group():
         dist.barrier()  # no rank tears down while another still talks to it
         gc.collect()  # DistributedDataParallel's reducer holds the group: let it go first
         dist.destroy_process_group()
-    _current.clear()
-
-
-_current = {}
-
-
-def bound_device():
-    """The device :func:`init_process_group` bound this rank to (``"cuda:1"``, ``"cpu"``), or ``None`` before."""
-    return _current.get("device")
+    group_record.forget()
 
 
 def _free_port(host):

@@ -293,7 +293,7 @@ def _device(group):
 
     if dist.get_backend(group) != "nccl":
         return torch.device("cpu")
-    from .process_group import bound_device
+    from .group_record import bound_device
 
     if bound_device() not in (None, "cpu"):
         return torch.device(bound_device())
