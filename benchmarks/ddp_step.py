@@ -3,7 +3,7 @@
     python benchmarks/ddp_step.py [--rounds 16] [--blocks 3] [--markdown benchmarks/RESULTS.md]
 
 On each rank ``trace_torch.install(torch.distributed)`` and ``trace_ddp.install(torch.nn.parallel.distributed)``
-run first, as in every mpinb world; then ``mpinb.torch.init_process_group()`` (gloo). Two DDP models of the same
+run first, as in every mpinb world; then ``mpinb.torch.init_process_group("gloo")``. Two DDP models of the same
 architecture and weights are made per case, in one 2-rank job under plain ``mpiexec`` (one rank per core, one
 torch thread per rank: more ranks than cores measure the scheduler), the arms alternating block by block, in
 another order each round, for --rounds rounds:
@@ -70,7 +70,7 @@ def ranks_main(rounds, blocks, out):
     torch.set_num_threads(1)
     trace_torch.install(dist)
     trace_ddp.install(ddp_module)
-    mt.init_process_group()
+    mt.init_process_group("gloo")  # the results measure gloo, the default before the mpi4py backend
     comm, rank = MPI.COMM_WORLD, dist.get_rank()
     DDP = ddp_module.DistributedDataParallel
     unwrapped = DDP.__init__.__wrapped__  # the __init__ trace_ddp.install wrapped: no hook, DDP's C++ allreduce

@@ -3,7 +3,7 @@
 Runs on ranks (under ``%%mpi`` or plain ``mpiexec python train.py``); imports no IPython::
 
     import mpinb.torch as mt
-    mt.init_process_group()                      # torch.distributed from MPI: gloo on CPU, nccl with a GPU each
+    mt.init_process_group()                      # torch.distributed from MPI: mpi4py on CPU, nccl with a GPU each
     mt.torchrun_environment()                    # or torchrun's MASTER_ADDR, RANK, ... (every %%mpi world has them)
     mt.broadcast_parameters(model)               # every rank starts from rank 0's weights (a model or state_dict)
     loss.backward()

@@ -1,6 +1,7 @@
 """The classic DDP bugs, planted in a real kernel's notebook with no ``--timeout``: each is named in the cell (the
 ranks, the collective or the parameters, the cell line, the fix), and the world and variables are kept where the
-backend lets them be (the next DDP step works).
+backend lets them be (the next DDP step works): with the default mpi4py backend on CPUs every time; gloo, asked for,
+aborts a rank on a size mismatch.
 
 torch.distributed's own collectives (DDP's gradient buckets through its communication hook, its buffer
 broadcasts, ``dist.*`` calls, async ones) are in the ledger mismatch detection and the roll call read."""
@@ -75,12 +76,30 @@ def test_the_fix_join_trains_the_uneven_batches(ddp):
     healthy_step(ddp)
 
 
-def test_a_size_mismatch_says_both_sizes_and_that_the_backend_ended_the_job(ddp):
+def test_a_size_mismatch_is_named_on_every_rank_and_the_world_kept(ddp):
+    """On CPUs the default group is mpinb's backend over mpi4py: it checks every call before data moves."""
     shown = clean(ddp.run("%%mpi\ndist.all_reduce(torch.ones(4 if rank == 0 else 8))"))
     assert shown.status == "error", shown.text
-    assert "rank 0 in all_reduce(4 x float32)" in shown.text and "rank 1 in all_reduce(8 x float32)" in shown.text
+    assert "rank 0 in all_reduce(4 x float32" in shown.text and "rank 1 in all_reduce(8 x float32" in shown.text
     assert "different sizes or types" in shown.text
-    assert "%mpi restart" in shown.text
+    assert "%mpi restart" not in shown.text
+    healthy_step(ddp)
+
+
+def test_on_gloo_a_size_mismatch_says_both_sizes_and_that_the_backend_ended_the_job(session):
+    """gloo checks the sizes itself and aborts the process (SIGABRT): the job is over, and the message says so."""
+    session.run("%mpi stop")  # a group already made would be described, not changed: gloo needs a new world
+    try:
+        shown = session.run(SETUP.replace("mt.init_process_group()", 'mt.init_process_group("gloo")'))
+        assert shown.status == "ok", shown.text
+        shown = clean(session.run("%%mpi\nassert info['backend'] == 'gloo'\n"
+                                  "dist.all_reduce(torch.ones(4 if rank == 0 else 8))"))
+        assert shown.status == "error", shown.text
+        assert "rank 0 in all_reduce(4 x float32)" in shown.text and "rank 1 in all_reduce(8 x float32)" in shown.text
+        assert "different sizes or types" in shown.text
+        assert "%mpi restart" in shown.text
+    finally:
+        session.run("%mpi stop")  # the next test's world makes its group with the default backend
 
 
 def test_a_different_order_of_collectives_is_named(ddp):
@@ -88,8 +107,9 @@ def test_a_different_order_of_collectives_is_named(ddp):
             "else:\n    dist.broadcast(t, src=0)\n    dist.all_reduce(t)")
     shown = clean(ddp.run(code))
     assert shown.status == "error", shown.text
-    assert "all_reduce(4 x float32)" in shown.text and "broadcast(root=0, 4 x float32)" in shown.text, shown.text
+    assert "all_reduce(4 x float32" in shown.text and "broadcast(root=0, 4 x float32)" in shown.text, shown.text
     assert "different order" in shown.text
+    healthy_step(ddp)  # the mpi4py backend raised before any data moved: the world and its group are kept
 
 
 def test_rank_dependent_branches_name_the_parameters_each_rank_left_out(ddp):

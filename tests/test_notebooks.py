@@ -366,9 +366,10 @@ def test_07_debugging_ddp_names_each_bug():
     for c in code:
         errors = [o for o in c.outputs if o.output_type == "error"]
         assert bool(errors) == (c in failing), (c.source[:60], shown(c))
-    for c in failing:  # named by mpinb's ledger, not ended by the backend's own timeout
+    for c in failing:  # named by mpinb's ledger or the mpi4py backend's check, not by the backend's own timeout
         text = shown(c)
-        assert "Timed out" not in text and ("CollectiveMismatch" in text or "got no gradient" in text), text
+        assert "Timed out" not in text, text
+        assert any(said in text for said in ("CollectiveMismatch", "got no gradient", "called different collectives"))
 
     def cell(key):
         return shown(next(c for c in code if key in c.source))
@@ -413,16 +414,17 @@ def test_07_debugging_ddp_names_each_bug():
         orders = re.findall(rf"^\[rank {r}\] epoch \d: (.+)$", reshuffled, re.M)
         assert len(orders) == 3 and len(set(orders)) == 3  # each epoch its own order
 
+    # the default mpi4py backend names a mismatch on every rank before data moves: the world and its group stay
     order = cell("else:                                            # the bug: the other order on rank 1")
-    assert "rank 0 in all_reduce(4 x float32) at cell line 4" in order, order
-    assert "rank 1 in broadcast(root=0, 4 x float32) at cell line 7" in order and "different order" in order
-    assert "started again with 2 new ranks" in order and "restored every rank's variables" in order, order
+    assert "rank 0 in all_reduce(4 x float32" in order, order
+    assert "rank 1 in broadcast(root=0, 4 x float32)" in order and "different order" in order
+    assert "started again" not in order, order
     assert cell("# the same calls in the same order").count("tensor([2., 2., 2., 2.])") == 2
 
     sizes = cell("dist.all_reduce(torch.ones(4 if rank == 0 else 8))")
-    assert "rank 0 in all_reduce(4 x float32)" in sizes and "rank 1 in all_reduce(8 x float32)" in sizes, sizes
-    assert "different sizes or types" in sizes and "%mpi restart" in sizes
-    assert "MPI world of 2 ranks started" in cell("%mpi restart")
+    assert "rank 0 in all_reduce(4 x float32" in sizes and "rank 1 in all_reduce(8 x float32" in sizes, sizes
+    assert "different sizes or types" in sizes and "%mpi restart" not in sizes
+    assert not [c for c in code if "%mpi restart" in c.source]
     assert cell("F.pad(mine").count("tensor([2., 2., 2., 2., 1., 1., 1., 1.])") == 2
 
     solution = next(c for c in notebook.cells if "solution" in c.metadata.get("tags", []))

@@ -196,7 +196,7 @@ reducer.synchronize()
 def test_init_process_group_twice_is_harmless(world_of, mpi):
     world_of(2)
     first = mpi("import mpinb.torch as mt\nmt.init_process_group()")
-    assert first[0]["backend"] == "gloo" and first[1]["rank"] == 1 and first[1]["device"] == "cpu"
+    assert first[0]["backend"] == "mpi4py" and first[1]["rank"] == 1 and first[1]["device"] == "cpu"
     assert mpi("mt.init_process_group()") == first
     assert mpi("import torch, torch.distributed as dist\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\n"
                "t.item()") == {0: 3.0, 1: 3.0}
@@ -235,7 +235,7 @@ def test_under_plain_mpiexec(ranks, tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     for rank in range(ranks):
-        assert (tmp_path / f"done-{rank}").read_text() == f"gloo {ranks}"
+        assert (tmp_path / f"done-{rank}").read_text() == f"mpi4py {ranks}"
 
 
 @pytest.mark.parametrize("runner", [["-m", "mpi4py"], []])
@@ -260,7 +260,7 @@ def test_an_unhandled_exception_after_init_process_group_ends_the_job(runner, tm
 
 
 def test_backend_and_device_choice():
-    assert choose_backend(None, gpus_per_rank=0, local_size=4, nccl_available=True) == ("gloo", False, None)
+    assert choose_backend(None, gpus_per_rank=0, local_size=4, nccl_available=True) == ("mpi4py", False, None)
     assert choose_backend(None, gpus_per_rank=1, local_size=1, nccl_available=True) == ("nccl", True, None)
     assert choose_backend(None, gpus_per_rank=8, local_size=8, nccl_available=True) == ("nccl", True, None)
     backend, cuda, note = choose_backend(None, gpus_per_rank=1, local_size=2, nccl_available=True)

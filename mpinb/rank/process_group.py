@@ -143,8 +143,9 @@ MPI4PY = "mpi4py"  # mpinb's backend over mpi4py (rank/torch_backend/)
 def choose_backend(requested, *, gpus_per_rank, local_size, nccl_available):
     """The backend and whether ranks bind to a GPU: ``(backend, use_cuda, note)``.
 
-    *gpus_per_rank* is the fewest GPUs any rank sees. nccl needs a GPU of its own per rank on a host (it
-    refuses two ranks on one device), so ranks that would share one use gloo, with their tensors on the GPU.
+    *gpus_per_rank* is the fewest GPUs any rank sees. Without a GPU, ``None`` is mpinb's backend over mpi4py
+    (``"mpi4py"``); ``"gloo"`` asks for gloo. nccl needs a GPU of its own per rank on a host (it refuses two ranks
+    on one device), so ranks that would share one use gloo, with their tensors on the GPU.
     """
     if requested not in (None, "gloo", "nccl", "mpi", MPI4PY):
         raise ValueError(f"backend must be 'mpi4py', 'gloo', 'nccl', 'mpi' or None (choose for me), not "
@@ -165,7 +166,7 @@ def choose_backend(requested, *, gpus_per_rank, local_size, nccl_available):
         if gpus_per_rank > 0:
             return "gloo", True, (f"{local_size} ranks share {gpus_per_rank} GPU(s) on a host: gloo, since "
                                   "NCCL needs one GPU per rank")
-        return "gloo", False, None
+        return MPI4PY, False, None
     return requested, gpus_per_rank > 0, None
 
 
@@ -179,8 +180,9 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
     and one that ``dist.init_process_group()`` or a framework makes in the same world meet at the same store,
     and either can follow the other once it is destroyed. Otherwise (plain ``mpiexec``, a sub-communicator)
     rank 0 picks a free port (on loopback when every rank shares its host) and broadcasts it, as it always did.
-    *backend* ``None`` picks nccl when each rank has a GPU of its own, else gloo; ``"mpi4py"`` is mpinb's backend
-    over MPI (``rank/torch_backend/``: every call through mpi4py, a mismatch named on every rank); with a GPU,
+    *backend* ``None`` picks nccl when each rank has a GPU of its own, gloo when ranks share GPUs, and on CPUs
+    ``"mpi4py"``, mpinb's backend over MPI (``rank/torch_backend/``: every call through mpi4py, a mismatch named on
+    every rank, the world kept); ``backend="gloo"`` gives gloo on CPUs as before; with a GPU,
     each rank is bound to ``cuda:local_rank`` (local rank from an MPI shared-memory split, wrapping when ranks
     outnumber GPUs).
     Calling it again returns the existing group's description (a group made by ``dist.init_process_group`` is
@@ -221,6 +223,8 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
     group_record.remember(backend=chosen, rank=comm.rank, size=comm.size, local_rank=local_rank,
                           device=str(device) if device is not None else "cpu", note=note)
     atexit.register(_destroy_at_exit)
+    if chosen == MPI4PY:
+        _abort_on_unhandled_exception(comm)
     return group_record.described()
 
 
@@ -298,6 +302,27 @@ def _destroy_at_exit():
     if getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
         return
     destroy_process_group()
+
+
+def _abort_on_unhandled_exception(comm):
+    """In a script (not under IPython, where an exception ends a cell, not the rank), end the MPI job when an
+    exception ends this rank, once its traceback is printed, as ``python -m mpi4py`` does: the other ranks may wait
+    for it inside an MPI call of the mpi4py backend, which nothing else lets out (gloo's see its connection close;
+    MPI's wait, and this rank's ``MPI_Finalize`` at exit waits for them)."""
+    import sys
+
+    shell = sys.modules.get("IPython")
+    if (shell is not None and shell.get_ipython() is not None) or getattr(sys.excepthook, "aborts_mpi", False):
+        return
+    previous = sys.excepthook
+
+    def abort(kind, value, traceback):
+        previous(kind, value, traceback)
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    abort.aborts_mpi = True
+    sys.excepthook = abort
 
 
 def destroy_process_group():
