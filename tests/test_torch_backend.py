@@ -16,9 +16,10 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(240)]
 HERE = Path(__file__).parent
 
 
-def test_mpi4py_is_a_backend_mpinb_torch_chooses_when_asked():
+def test_mpi4py_is_the_backend_mpinb_torch_chooses_on_cpus_and_gloo_one_switch_away():
     assert choose_backend("mpi4py", gpus_per_rank=0, local_size=2, nccl_available=False) == ("mpi4py", False, None)
-    assert choose_backend(None, gpus_per_rank=0, local_size=2, nccl_available=False)[0] == "gloo"
+    assert choose_backend(None, gpus_per_rank=0, local_size=2, nccl_available=False) == ("mpi4py", False, None)
+    assert choose_backend("gloo", gpus_per_rank=0, local_size=2, nccl_available=False) == ("gloo", False, None)
     with pytest.raises(ValueError, match="'mpi4py', 'gloo'"):
         choose_backend("mpi4pi", gpus_per_rank=0, local_size=1, nccl_available=False)
 
