@@ -317,8 +317,14 @@ def _abort_on_unhandled_exception(comm):
     previous = sys.excepthook
 
     def abort(kind, value, traceback):
+        import time
+
         previous(kind, value, traceback)
+        sys.stdout.flush()
         sys.stderr.flush()
+        # mpiexec's proxy ends the job on MPI_Abort without reading what is left in this rank's pipes: the
+        # traceback just written was at times lost; a moment lets it be forwarded first
+        time.sleep(0.5)
         comm.Abort(1)
 
     abort.aborts_mpi = True
