@@ -15,6 +15,7 @@ ENV = "MPINB_TEST_RECORD"
 
 def install():
     """Note the processes of every world this process starts from now on (idempotent)."""
+    from mpinb.notebook.world import ipp
     from mpinb.notebook.world.leftovers import Footprint
 
     method = Footprint.watch
@@ -27,6 +28,16 @@ def install():
 
     noting.recorded = True
     Footprint.watch = noting
+    # also what a start that failed before its reaper watched had launched (the controller of a job the scheduler
+    # refused), which the stop that cleans up lists through this function
+    listed = ipp.launched_processes
+
+    def listing(cluster):
+        processes = listed(cluster)
+        note(processes)
+        return processes
+
+    ipp.launched_processes = listing
 
 
 def note(processes):
