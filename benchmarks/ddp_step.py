@@ -65,7 +65,8 @@ def ranks_main(rounds, blocks, out):
     from mpi4py import MPI
 
     import mpinb.torch as mt
-    from mpinb.rank import trace_ddp, trace_torch, tracing
+    from mpinb.rank import tracing
+    from mpinb.rank.tracing import trace_ddp, trace_torch
 
     torch.set_num_threads(1)
     trace_torch.install(dist)

@@ -56,7 +56,7 @@ def ranks_main(rounds, out):
     from mpi4py import MPI
 
     import mpinb.torch as mt
-    from mpinb.rank import trace_torch
+    from mpinb.rank.tracing import trace_torch
     from mpinb.rank.torch_backend import group as backend_group
 
     torch.set_num_threads(1)

@@ -17,7 +17,8 @@ import zmq
 from ..wire import messages, rank_files, shm
 from ..wire.gathered import AllRanks, InFrames, InSegment, ViaRoot
 from ..wire.kinds import Cell, CellReply, Hello, Kept, Reply
-from . import gather, outbox, replicas, report, rollcall, runner, snapshots, stacks, torch_hooks, trace_torch, tracing
+from . import gather, outbox, replicas, report, rollcall, runner, snapshots, stacks, tracing
+from .tracing import torch_hooks, trace_torch
 from .debug import post_mortem as debug, visual_debugger
 from .abort_watch import AbortWatch
 from .native_output import NativeOutput

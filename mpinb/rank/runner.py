@@ -181,7 +181,7 @@ def describe_error(exc, shell=None):
         lines.insert(0, f"[... {sum(folded.values())} frames inside {', '.join(sorted(folded))} left out, between "
                         "the first and the last two of each run: %mpi debug R shows them all]\n")
     if ename == "RuntimeError" and "did not receive grad" in evalue:  # DDP's, about unused parameters: name them
-        from .trace_ddp import explain
+        from .tracing.trace_ddp import explain
 
         evalue = explain(exc, evalue)
     return {"ename": ename, "evalue": evalue, "traceback": lines}

@@ -36,7 +36,7 @@ def settle(items):
 def _do(item):
     kind, name = item[0], item[1]
     if kind == "join" and name.startswith("torch:"):  # a torch.distributed group's collective, or a DDP step
-        from . import trace_ddp, trace_torch
+        from .tracing import trace_ddp, trace_torch
 
         stand_in = trace_ddp.shadow if item[2][0] == trace_ddp.OP else trace_torch.stand_in
         stand_in(name, tuple(item[2]))

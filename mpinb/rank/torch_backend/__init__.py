@@ -96,7 +96,7 @@ def _untraced(comm):
 
 def _world():
     """``MPI.COMM_WORLD`` as mpi4py made it: where mpinb traces MPI calls its traced copy stands in that name, and
-    a group's calls are noted in the ledger as torch's (``rank/trace_torch.py``, ``rank/trace_ddp.py``) rather than
+    a group's calls are noted in the ledger as torch's (``rank/tracing/trace_torch.py``, ``rank/tracing/trace_ddp.py``) rather than
     a second time as MPI's."""
     from mpi4py import MPI
 

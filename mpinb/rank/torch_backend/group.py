@@ -57,7 +57,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         if stood_in.any() and (stood_in | (every == mine).all(axis=1)).all():
             return
         calls = [_said(row) for row in every.tolist()]
-        from .. import trace_torch
+        from ..tracing import trace_torch
 
         trace_torch.retract(dist, self)  # no rank made the call: the ranks' ledgers agree again
         raise RuntimeError(f"ranks of process group {self.label!r} called different collectives: "

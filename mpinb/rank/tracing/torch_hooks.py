@@ -6,7 +6,8 @@ import importlib.abc
 import importlib.util
 import sys
 
-from . import sampler_epochs, torch_backend, trace_ddp, trace_torch
+from .. import sampler_epochs, torch_backend
+from . import trace_ddp, trace_torch
 
 
 def install_when_imported():

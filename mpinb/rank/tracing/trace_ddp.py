@@ -20,7 +20,8 @@ import functools
 import re
 import weakref
 
-from . import replicas, trace_torch, tracing
+from .. import replicas, tracing
+from . import trace_torch
 
 OP = "DDP all_reduce"
 _state = tracing.state

@@ -3,7 +3,7 @@ traced, as a span (kind ``"torch"``). The module's functions are wrapped in plac
 
 Calls with ``async_op=True`` are noted when launched and kept as outstanding until their work completes
 (``tracing.State.launched``): what a rank waits for then is the oldest one not complete, whichever thread
-waits. DistributedDataParallel's steps are noted from its forward (``rank/trace_ddp.py``), its parameter and
+waits. DistributedDataParallel's steps are noted from its forward (``rank/tracing/trace_ddp.py``), its parameter and
 buffer broadcasts through ``_broadcast_coalesced``. Every group is
 one ledger, whichever way it is named (``None``, ``dist.group.WORLD``, the group object).
 """
@@ -12,7 +12,7 @@ import functools
 import os
 import threading
 
-from . import faults, tracing
+from .. import faults, tracing
 
 _state = tracing.state
 _now = tracing.now_ns
@@ -293,7 +293,7 @@ def _device(group):
 
     if dist.get_backend(group) != "nccl":
         return torch.device("cpu")
-    from .group_record import bound_device
+    from ..group_record import bound_device
 
     if bound_device() not in (None, "cpu"):
         return torch.device(bound_device())
