@@ -94,3 +94,32 @@ def test_output_of_a_rank_a_cell_does_not_run_on_is_shown_and_the_cell_goes_on(w
     assert "[rank 0] written between cells by rank 0" in captured.out, captured.out
     mpi("print('after')")
     assert "[rank 0] after" in capsys.readouterr().out
+
+
+ENGINE_MISSES_A_BEAT = """\
+import logging, time
+from ipyparallel.engine.app import IPEngine
+engine = IPEngine.instance()
+caught = []
+catcher = logging.Handler()
+catcher.emit = lambda record: caught.append(record.getMessage())
+engine.log.addHandler(catcher)
+missed = engine._hb_missed_beats
+engine._hb_last_pinged, engine._hb_last_monitored = 0.0, time.time()  # the controller was slow to ping
+engine._hb_monitor()
+engine.log.removeHandler(catcher)
+engine._hb_missed_beats = missed
+print("engine logged:", caught)
+"""
+
+
+def test_the_engines_heartbeat_warnings_are_not_the_users_output(world_of, mpi, capsys):
+    """On a busy machine ipyparallel's engine warns "No heartbeat in the last 600 ms" when its controller pings
+    late, and the warning came out in a user's cell as the rank's output: the engine's log keeps its errors only
+    (mpinb watches and names dead ranks itself). Here the engine's own heartbeat check runs as if a ping was late."""
+    world_of(2)
+    capsys.readouterr()
+    mpi(ENGINE_MISSES_A_BEAT)
+    out = capsys.readouterr().out
+    assert "[rank 0] engine logged: []" in out and "[rank 1] engine logged: []" in out, out
+    assert "No heartbeat" not in out

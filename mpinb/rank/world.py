@@ -35,6 +35,7 @@ def init_world(namespace=None, *, threads=0):
 
     install(MPI)  # every MPI call noted: collectives checked for mismatches, spans under %%mpi --trace
     not_a_shell()
+    engine_log_errors_only()
     comm = MPI.COMM_WORLD
     namespace.update(comm=comm, rank=comm.rank, size=comm.size, MPI=MPI)
     guard_world(MPI, namespace)
@@ -50,6 +51,18 @@ def not_a_shell():
     for name in ("ps1", "ps2", "ps3"):
         if hasattr(sys, name):
             delattr(sys, name)
+
+
+def engine_log_errors_only():
+    """ipyparallel's engine logs its heartbeat warnings (``No heartbeat in the last 600 ms``) whenever its controller
+    is slow to ping, as on a busy machine, and they came out in the user's cells as the rank's output: the engine is
+    mpinb's machinery, whose liveness mpinb watches and reports itself. Its log keeps its errors only."""
+    import logging
+
+    from ipyparallel.engine.app import IPEngine
+
+    if IPEngine.initialized():
+        IPEngine.instance().log.setLevel(logging.ERROR)
 
 
 def share_cores(comm, threads=0):
