@@ -29,9 +29,10 @@ VERBOSE = bool(os.environ.get("MPINB_SESSION_VERBOSE"))  # each request of each 
 # what a cell's text says when mpinb had to give the ranks' variables up, and when it ended the world
 FRESH = ("was started again with", "was ended", "restart was interrupted", "start of", "restart failed",
          "restore was stopped")
-# what every restart (the user's or mpinb's own) says it put back: the cell, and the names
-RESTORED = re.compile(r"\[mpinb\] restored every rank's variables as of In\[(\d+)\], the last cell every rank "
-                      r"finished and kept: (.*) \(")
+# what every restart (the user's or mpinb's own) says it put back: the cell, and the names (a line of its own after
+# %mpi restart; among the cell's error's notes, without the [mpinb] mark, after mpinb's own restart)
+RESTORED = re.compile(r"^(?:\[mpinb\] )?restored every rank's variables as of In\[(\d+)\], the last cell every "
+                      r"rank finished and kept: (.*) \(", re.M)
 
 
 class Sessions:
