@@ -111,18 +111,7 @@ class Agent:
         # a call of mpinb's own (who, grads, a flush before a restart) reads the namespace and leaves the pending
         # snapshot of the user's last cell be; a restore changes it, and is kept as a cell is
         keeps = options.call is None or snapshots.changes_namespace(options.call)
-        if self.snapshots is not None and keeps:
-            # the last cell's: never of a namespace a cell is changing
-            self.snapshots.wait(due=options.settings is not None and options.settings.snapshot_due)
-        if self.segments is not None and self.rank in options.released:
-            self.segments.release(options.released[self.rank])
-        if options.settings is not None:  # else a call of mpinb's own: the user's settings stay
-            self.outbox.report_interval = options.settings.report_interval
-            self.rollcall.after = options.settings.collective_wait
-        self.rollcall.cell = self.cell_id = visual_debugger.cell_id = cell_id
-        if options.trace:
-            tracing.state.start(options.trace_buffer or tracing.BUFFER)
-            self.outbox.put(TraceStart(cell_id))
+        self._before(cell_id, options, keeps)
         streams = sys.stdout, sys.stderr
         sys.stdout = ChannelStream(self.outbox, cell_id, "stdout", streams[0])
         sys.stderr = ChannelStream(self.outbox, cell_id, "stderr", streams[1])
@@ -164,6 +153,23 @@ class Agent:
             if options.settings is not None:
                 self.snapshots.complete = options.settings.complete
             self.snapshots.after_cell(cell_id, runner.user_namespace())
+
+    def _before(self, cell_id, options, keeps):
+        """What a cell's request sets up before it runs: the last cell's snapshot finished (when this one may change
+        the namespace), the gathered memory the notebook released let go, the user's settings, the cell's id, and
+        its trace."""
+        if self.snapshots is not None and keeps:
+            # the last cell's: never of a namespace a cell is changing
+            self.snapshots.wait(due=options.settings is not None and options.settings.snapshot_due)
+        if self.segments is not None and self.rank in options.released:
+            self.segments.release(options.released[self.rank])
+        if options.settings is not None:  # else a call of mpinb's own: the user's settings stay
+            self.outbox.report_interval = options.settings.report_interval
+            self.rollcall.after = options.settings.collective_wait
+        self.rollcall.cell = self.cell_id = visual_debugger.cell_id = cell_id
+        if options.trace:
+            tracing.state.start(options.trace_buffer or tracing.BUFFER)
+            self.outbox.put(TraceStart(cell_id))
 
     def _gather(self, request):
         """Pack the names of *request* (a ``GatherRequest``) for the notebook: into a shared-memory segment when
