@@ -17,11 +17,13 @@ import faulthandler
 import os
 import re
 import shutil
+import signal
 import tempfile
 import threading
 from pathlib import Path
 
 from ..wire import files
+from . import signal_actions
 from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, native_stdout_path, stack_path, stderr_path
 
 SIGNAL = STACK_SIGNAL
@@ -38,6 +40,7 @@ WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
     os.path.join(os.path.dirname(os.__file__), "bdb.py"))
 
 _file = None
+_installed = {}  # signal -> the address of the handler faulthandler installed for it
 _path = None  # the path of _file
 _stderr = None
 _native = None  # descriptor of the native_stderr_path file, once keep_native_output pointed descriptor 2 at it
@@ -129,26 +132,48 @@ def native_stderr_since(offset):
 
 def install(directory=None):
     """Dump stacks to a per-rank file in *directory* (default :func:`rank_directory`) on :data:`SIGNAL`; return
-    the file's path. Idempotent."""
+    the file's path. Idempotent.
+
+    Before faulthandler takes :data:`SIGNAL`, Python is told to ignore it: what faulthandler puts back when it is
+    unregistered, and what ``signal.getsignal()`` reports, so code that restores every signal as it found it
+    (Lightning's ``Trainer.fit``) leaves a stack request unanswered instead of ending the rank."""
     global _file, _path
     if _file is None:
         _path = stack_path(os.getpid(), directory or rank_directory())
         _file = open(files.open_own(_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a", buffering=1)
+        with contextlib.suppress(ValueError):  # not the main thread: the default action stays behind it
+            signal.signal(SIGNAL, signal.SIG_IGN)
         faulthandler.register(SIGNAL, file=_file, all_threads=True, chain=False)
         faulthandler.enable(file=_file, all_threads=True)
+        _installed.update({SIGNAL: signal_actions.handler(SIGNAL), signal.SIGSEGV: signal_actions.handler(
+            signal.SIGSEGV)})
         _file.write(f"main 0x{threading.main_thread().ident:016x}\n")
     return _path
 
 
 def rearm():
-    """Put the stack-dump and crash handlers back (about 4 µs): a cell's code may have replaced them. Lightning's
-    ``Trainer.fit`` sets every signal back to what ``signal.getsignal()`` said before, which cannot see
-    faulthandler's handlers, so a later stack request would have ended the rank."""
-    if _file is not None:
+    """Put the stack-dump and crash handlers back where a cell's code replaced them (Lightning's ``Trainer.fit``
+    sets every signal back to what ``signal.getsignal()`` said before, which cannot see faulthandler's handlers).
+
+    Each is put back only when ``sigaction`` says it is no longer faulthandler's: putting one back unregisters it
+    first, and a stack request that arrives in between (the notebook asks the ranks still running the moment one
+    fails, which is when they too end their cell) met no handler and ended the rank."""
+    if _file is None:
+        return
+    if _taken(SIGNAL):
         faulthandler.unregister(SIGNAL)
         faulthandler.register(SIGNAL, file=_file, all_threads=True, chain=False)
+        _installed[SIGNAL] = signal_actions.handler(SIGNAL)
+    if _taken(signal.SIGSEGV):
         faulthandler.disable()
         faulthandler.enable(file=_file, all_threads=True)
+        _installed[signal.SIGSEGV] = signal_actions.handler(signal.SIGSEGV)
+
+
+def _taken(signum):
+    """Whether *signum*'s handler is no longer the one faulthandler installed (unknown counts as taken)."""
+    now = signal_actions.handler(signum)
+    return now is None or now != _installed.get(signum)
 
 
 def note_stderr(text):

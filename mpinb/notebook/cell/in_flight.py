@@ -21,6 +21,7 @@ from .perrank import PerRank
 from .rank_errors import announce, check_deaths, died_earlier, lost, stopped, why_stuck
 
 COMMUNICATION_GRACE = 0.5  # seconds ranks waiting in communication get to answer an interrupt anyway
+EARLY_LOOK = 0.2  # seconds after the first failure before the ranks still running are asked where they are
 
 
 LEFT_APART = 2_000_000  # roll-call numbers of the check after a stopped cell, apart from the watch's and recovery's
@@ -34,7 +35,7 @@ class InFlight:
         self.world, self.code, self.result, self.settings = world, code, result, settings
         self.ranks, self.printer = result.ranks, settings.printer
         self.replies = {}
-        self.interrupted = self.give_up_at = self.first_failure = self.death_seen = None
+        self.interrupted = self.give_up_at = self.first_failure = self.death_seen = self.look_at = None
         self.stops_seen = 0  # Stops pressed during this cell that were acted on
         self.no_stdin = False  # the front end answers no prompts (nbclient, papermill): debuggers go on
         self.line = None  # the progress line of a recovery under way
@@ -162,10 +163,17 @@ class InFlight:
             _unpack_gathered(self.world, self.result, rank, reply)
         if reply.error is not None and self.first_failure is None and self.result.trouble is None:
             self.first_failure = (rank, time.monotonic())
-            pending = self.pending
-            early = capture_stacks(self.world, pending) if pending and self.settings.abort_grace is not None else {}
-            if early and all(stack.in_communication(self.code) for stack in early.values()):
-                self.stop("failure", early)  # they wait for the failed rank: no point in waiting for them
+            self.look_at = self.first_failure[1] + EARLY_LOOK
+
+    def look_early(self):
+        """Where the ranks still running are, a moment after the first failure: when all of them wait in
+        communication they wait for the failed rank, and are stopped without waiting ``abort_grace``. Not at once:
+        a cell that fails on every rank ends on all of them within milliseconds, and a rank asked for its stack
+        as it ends its cell gets a signal it need not have had."""
+        self.look_at = None
+        early = capture_stacks(self.world, self.pending) if self.settings.abort_grace is not None else {}
+        if early and all(stack.in_communication(self.code) for stack in early.values()):
+            self.stop("failure", early)  # they wait for the failed rank: no point in waiting for them
 
     def ask(self, rank, prompt):
         """Show a rank's debugger prompt through the kernel's stdin (as ``input()`` does) and send the answer back;
@@ -231,6 +239,8 @@ class InFlight:
         elif self.first_failure and self.settings.abort_grace is not None and \
                 now >= self.first_failure[1] + self.settings.abort_grace:
             self.stop("failure")
+        elif self.look_at is not None and now >= self.look_at:
+            self.look_early()
 
     def recover(self, now):
         """Advance the letting out of ranks stuck in MPI, and the line saying how it goes."""
