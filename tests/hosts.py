@@ -329,6 +329,25 @@ class Hosts:
         pids = pids_in_netns(self._inodes[i])
         return pids if daemons else [pid for pid in pids if pid not in self.daemon_pids]
 
+    def left_behind(self, *, within=60):
+        """``{host: [command line, ...]}`` of the processes still on any host after *within* seconds (empty when
+        none is). A world's processes on other hosts end after the notebook's ``mpiexec`` does, through ssh (the
+        proxy there ends its ranks, each given a few seconds to end): the check waits for that, and names what is
+        left when it does not happen."""
+        deadline = time.monotonic() + within
+        while any(self.pids_on(i) for i in range(self.n)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = {}
+        for i in range(self.n):
+            for pid in self.pids_on(i):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as file:
+                        line = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                except OSError:  # ended just now
+                    continue
+                left.setdefault(self.names[i], []).append(f"{pid}: {line}")
+        return left
+
     def link_down(self, i):
         """Pull host i's cable: its link on the switch goes down."""
         _ip("-n", self.switch, "link", "set", f"p{i}", "down")

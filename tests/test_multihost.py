@@ -46,8 +46,8 @@ def drive(hosts, steps, *, ranks=(1, 2), per_host=2, timeout=240, leftovers=True
     done = hosts.output(0, notebook(hosts, steps, ranks=ranks, per_host=per_host, **setup), timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the notebook's side printed no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    for i in range(hosts.n if leftovers else 0):
-        assert hosts.pids_on(i) == [], f"processes left on {hosts.names[i]}"
+    if leftovers:
+        assert hosts.left_behind() == {}
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
@@ -212,8 +212,7 @@ def test_the_stop_button_interrupts_ranks_on_other_hosts_in_python_and_in_mpi_an
     assert name == "Interrupted", in_mpi
     assert "blocked in comm.recv(source=2) at cell line 3" in text and "comm.recv(source=0)" in text, text
     assert after["raised"] is None and after["value"] == {str(r): "60" for r in range(4)}, after
-    for i in range(hosts.n):
-        assert hosts.pids_on(i) == [], f"processes left on {hosts.names[i]}"
+    assert hosts.left_behind() == {}
 
 
 def test_a_killed_notebook_leaves_no_process_on_any_host(hosts):
