@@ -168,6 +168,11 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
             panel.locator("button[data-action='clear']").click()
             wait_for(lambda: "%mpi inject clear\n" in message.inner_text() and "running" not in message.inner_text(),
                      "%mpi inject clear run from the panel")
+            # the rank JupyterLab's debugger panel shows, chosen from its row (as %mpi debug --rank 1)
+            row(panel, SLOW).locator("button[data-action='debug']").click()
+            wait_for(lambda: "%mpi debug --rank 1\n" in message.inner_text() and "running" not in message.inner_text(),
+                     "%mpi debug --rank 1 run from the panel")
+            assert "JupyterLab's debugger panel shows rank 1 when it stops at a breakpoint" in message.inner_text()
             errors = list(page.console_errors)
     assert errors == [], errors
     assert not leftover_ranks(tag)

@@ -132,7 +132,8 @@ class Section {
     const actions = element('span', 'mpinb-Panel-rowActions');
     actions.append(
       this.button('Stacks', 'stacks', rank, `%mpi stacks ${rank}: Python and native`),
-      this.button('Straggler', 'inject', rank, `%mpi inject straggler --rank ${rank}`)
+      this.button('Straggler', 'inject', rank, `%mpi inject straggler --rank ${rank}`),
+      this.button('Debug', 'debug', rank, `%mpi debug --rank ${rank}: the rank JupyterLab's debugger panel shows`)
     );
     bottom.append(svg, loss, actions);
     root.append(top, text, holding, bottom);

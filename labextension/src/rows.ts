@@ -147,6 +147,11 @@ export function refusal(action: string, state: KernelState, rank?: number): stri
         return `rank ${rank} runs on another host: its stacks are asked of the rank between cells (%mpi stacks ${rank})`;
       }
       return null;
+    case 'debug':
+      if (row && row.state === 'dead') {
+        return `rank ${rank} is dead: the debugger panel cannot show it`;
+      }
+      return busy ? 'a cell is running: stop it first (the kernel runs one command at a time)' : null;
     case 'restart':
     case 'inject':
     case 'clear':
@@ -161,6 +166,8 @@ export function magic(action: string, rank?: number): string {
   switch (action) {
     case 'stacks':
       return `%mpi stacks ${rank}`;
+    case 'debug':
+      return `%mpi debug --rank ${rank}`;
     case 'restart':
       return '%mpi restart';
     case 'inject':

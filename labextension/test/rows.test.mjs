@@ -67,6 +67,9 @@ test('actions are refused with the reason when they cannot apply', () => {
   assert.equal(refusal('restart', { ...state, execution_state: 'idle', cell: null }), null);
   const dead = { ...state, ranks: [{ ...state.ranks[0], state: 'dead' }] };
   assert.match(refusal('stacks', dead, 0), /dead/);
+  assert.match(refusal('debug', state, 0), /stop it first/);
+  assert.equal(refusal('debug', { ...state, execution_state: 'idle', cell: null }, 0), null);
+  assert.match(refusal('debug', { ...dead, execution_state: 'idle', cell: null }, 0), /dead: the debugger panel/);
   assert.match(refusal('stop', { ...state, world: null }), /no MPI world/);
 });
 
@@ -75,4 +78,5 @@ test('each action is its magic', () => {
   assert.equal(magic('restart'), '%mpi restart');
   assert.equal(magic('inject', 1), '%mpi inject straggler --rank 1');
   assert.equal(magic('clear'), '%mpi inject clear');
+  assert.equal(magic('debug', 1), '%mpi debug --rank 1');
 });
