@@ -20,6 +20,8 @@ Cases, each through ``%%mpi`` on a real world in one IPython shell, median of --
                 restarted (not kept, by the backend's doing).
   DDP unused parameters   rank 0 uses layer ``a``, rank 1 layer ``b`` of one DDP model: DDP's error at the second
                 forward, with the parameters named.
+  DDP order, DDP sizes, mpi4py backend   the same two cells on the group ``mt.init_process_group()`` makes on CPUs
+                (``rank/torch_backend/``), whose collectives agree with each other before they start.
 The diagnosis is on screen when the notebook has printed where each rank is ("blocked in", or the failing
 rank's exception, or the mismatch); the limits are 1 s for the diagnosis (3 s for a mismatch, 1 s of which is
 ``collective_wait``) and 6 s for the whole cell.
@@ -63,9 +65,16 @@ DDP_CASES = {
     "DDP unused parameters": (2, "two = torch.nn.parallel.DistributedDataParallel(Two())\nfor _ in range(2):\n"
                               "    two(batches[0]).sum().backward()", "", "start"),
 }
+# the same on the mpi4py backend, mpinb.torch's default on CPUs: every torch collective is checked against the other
+# ranks' before it starts, so a mismatch is named at once and nothing aborts
+BACKEND_CASES = {f"{name}, mpi4py backend": DDP_CASES[name] for name in ("DDP order", "DDP sizes")}
 CASES.update(DDP_CASES)
+CASES.update(BACKEND_CASES)
 LIMITS = {"mismatch": 3.0, "mismatch, pickle-based": 3.0, "DDP uneven inputs": 3.0, "DDP order": 3.0}
 TRIGGER_AFTER = {"timeout": 5.0, "interrupt": 1.0, "start": 0.0}
+
+
+_group = {}  # id of the world -> the backend its process group was made with
 
 
 class Stamped(io.TextIOBase):
@@ -87,11 +96,17 @@ class Stamped(io.TextIOBase):
 def run_case(ip, name):
     size, code, line, trigger = CASES[name]
     magics = ip.magics_manager.registry["MPIMagics"]
-    if magics.world is None or not magics.world.running or magics.world.size != size:
+    backend = "mpi4py" if name in BACKEND_CASES else "gloo"
+    if magics.world is None or not magics.world.running or magics.world.size != size or \
+            (name in BACKEND_CASES or name in DDP_CASES) and _group.get(id(magics.world)) not in (None, backend):
         ip.run_line_magic("mpi", "stop") if magics.world is not None and magics.world.running else None
         ip.run_line_magic("mpi", f"start -n {size}")
-    if name in DDP_CASES:
-        ip.run_cell(f"%%mpi\n{DDP}")  # idempotent: the process group is made once per world
+        _group.clear()
+    if name in DDP_CASES or name in BACKEND_CASES:
+        # idempotent: the process group is made once per world
+        setup = DDP.replace('mt.init_process_group("gloo")', f'mt.init_process_group("{backend}")')
+        ip.run_cell(f"%%mpi\n{setup}")
+        _group[id(magics.world)] = backend
     pids = [magics.world.identities[rank]["pid"] for rank in magics.world.ranks]
     out, err = Stamped(sys.stdout), Stamped(sys.stderr)
     sys.stdout, sys.stderr = out, err
