@@ -118,3 +118,25 @@ def test_inject_needs_a_rank_of_the_world(ip, world_of):
     world_of(3)
     with pytest.raises(UsageError, match=r"%mpi inject kill takes --rank R, a rank of this world \(0-2\)"):
         ip.run_line_magic("mpi", "inject kill --rank 7")
+
+
+def test_faults_act_once_at_each_torch_collective_of_the_mpi4py_backend(ip, world_of, mpi, capsys):
+    """On mpinb's torch.distributed backend a ``dist.all_reduce`` is one collective to a fault, as on gloo: not
+    the MPI calls the backend makes for it (its agreement check, its Allreduce)."""
+    pytest.importorskip("torch")
+    world_of(2)
+    mpi("import torch, torch.distributed as dist, mpinb.torch as mt\nbackend = mt.init_process_group()['backend']")
+    assert mpi("backend") == {0: "mpi4py", 1: "mpi4py"}
+    try:
+        ip.run_line_magic("mpi", "inject clear")
+        ip.run_line_magic("mpi", "inject nan --rank 1 --at 2")
+        mpi("out = []\nfor _ in range(3):\n    t = torch.ones(4)\n    dist.all_reduce(t)\n    out.append(t.tolist())")
+        out = mpi("out")
+        assert out[0] == [[2.0] * 4] * 3, out
+        assert out[1][0] == out[1][2] == [2.0] * 4 and all(math.isnan(x) for x in out[1][1]), out
+        capsys.readouterr()
+        ip.run_line_magic("mpi", "inject")
+        assert "rank 1 nan: gets NaN from its 2nd collective (3 collectives so far)" in capsys.readouterr().out
+    finally:
+        ip.run_line_magic("mpi", "inject clear")
+        mpi("dist.destroy_process_group()")  # the world goes on to other tests without a group
