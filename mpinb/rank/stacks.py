@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 
 from ..wire import files
-from . import signal_actions
 from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, native_stdout_path, stack_path, stderr_path
+from . import signal_actions
 
 SIGNAL = STACK_SIGNAL
 # mpinb's wrappers around MPI calls (the modules of rank/tracing/, rank/tracing/trace_torch.py; the mpi4py backend of
