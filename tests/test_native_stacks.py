@@ -191,8 +191,12 @@ def test_ranks_on_other_hosts_that_do_not_answer_read_their_own_native_stacks():
     from hosts import Hosts, setup_across
 
     with Hosts(3) as hosts:
+        # each rank on h1 and h2 runs py-spy on itself: on a busy machine that takes seconds, so the notebook
+        # gives them the whole of py-spy's own time limit (10 s), not the 5 s it waits by default
         steps = [["line", "start -n 4"], ["eval", "setattr(get_ipython().magics_manager.registry['MPIMagics'], "
-                                                  "'interrupt_grace', 1.0)"], ["cell", "--timeout 3", LOCK]]
+                                                  "'interrupt_grace', 1.0) or setattr(__import__("
+                                                  "'mpinb.notebook.diagnosis.native.py_spy', fromlist=['ASK_WAIT']), "
+                                                  "'ASK_WAIT', 10.0)"], ["cell", "--timeout 3", LOCK]]
         config = {"setup": setup_across(hosts, (1, 2), 2), "steps": steps}
         driver = Path(__file__).with_name("multihost_driver.py")
         done = hosts.output(0, [sys.executable, str(driver), json.dumps(config)], timeout=200)
