@@ -110,6 +110,42 @@ def test_a_death_is_named_however_late_its_launcher_writes_it_down(ip, world_of,
     assert mpi("rank") == {0: 0, 1: 1, 2: 2}
 
 
+def test_a_death_between_cells_shows_what_the_rank_last_wrote_from_c(ip, world_of, mpi):
+    """A rank that ends between cells, from a thread its cell started, after its C code wrote why: the next cell
+    names it, its exit code, and the lines it wrote, which no cell had shown."""
+    world = world_of(3)
+    mpi("import os, threading\nif rank == 1:\n    threading.Timer(0.5, lambda: (os.write(2, b'libfoo: out of handles\\n'),"
+        " os._exit(3))).start()")
+    engine = psutil.Process(world.identities[1]["pid"])
+    psutil.wait_procs([engine], timeout=30)
+    with pytest.raises(MPIError) as info:
+        mpi("rank")
+    text = str(info.value)
+    assert text.startswith("rank 1 of this world died while no cell ran (exit code 3)"), text
+    assert text.endswith("Its last stderr lines:\nlibfoo: out of handles"), text
+    ip.run_line_magic("mpi", "restart")
+    assert mpi("rank") == {0: 0, 1: 1, 2: 2}
+
+
+def test_a_rank_killed_with_its_launcher_says_why_its_exit_status_is_unknown(ip, world_of, mpi):
+    """Its launcher killed first (the engine then dies with it): no record of how the engine ended can exist, and
+    the message says why rather than only that it is unknown."""
+    world = world_of(3)
+    mpi("kept = rank")
+    launcher = psutil.Process(world.identities[1]["parent"])
+    engine = psutil.Process(world.identities[1]["pid"])
+    launcher.kill()  # a launcher of this test's own world, by its pid; the engine dies with it (PR_SET_PDEATHSIG)
+    psutil.wait_procs([engine], timeout=30)
+    with pytest.raises(MPIError) as info:
+        mpi("rank")
+    # MPICH's mpiexec ends the other ranks with their launchers at once: none left a record, so none is called first
+    assert re.match(r"(rank 1|ranks [\d, -]+) of this world died while no cell ran \(exit status unknown: (the "
+                    r"launchers? that records? it ended with|the kernel's out-of-memory killer)", str(info.value)), \
+        str(info.value)
+    ip.run_line_magic("mpi", "restart")
+    assert mpi("rank") == {0: 0, 1: 1, 2: 2}
+
+
 def test_status_after_ranks_died_shows_them_dead(ip, world_of, mpi, capsys):
     world = world_of(2)
     with pytest.raises(RankError):

@@ -18,17 +18,30 @@ RESTART = ("%mpi restart starts a fresh world of the same size, with every rank'
 
 def died_earlier(world, dead):
     """Why a world whose ranks *dead* died cannot run a cell: which rank died first, during which cell (or while
-    no cell ran), how (its exit code or signal, as its launcher recorded it), and which ended with it."""
+    no cell ran), how (its exit code or signal, as its launcher recorded it), and which ended with it; for a death
+    no cell showed, where it was (a fatal signal) and the last lines it wrote to stderr."""
     deaths = death_report(world, dead, wait=0.5)
     first = min(deaths.values(), key=lambda death: (death.when is None, death.when or 0.0, death.rank))
     when = f"during In[{world.died_in}]" if world.died_in is not None else "while no cell ran"
     if first.job_ended:
         return f"{first.job_ended} {when}, and every rank with it, so the world cannot run cells: {RESTART}"
-    text = f"rank {first.rank} of this world died {when} ({first.describe()})"
-    others = [rank for rank in dead if rank != first.rank]
-    if others:
-        text += f"; {label_ranks(others)} ended with it"
-    return f"{text}, so the world cannot run cells: {RESTART}"
+    if len(dead) > 1 and all(d.returncode is None and d.unrecorded for d in deaths.values()):
+        # none left a record, so none can be said to have died first (mpiexec ends the rest of a job at once)
+        text = f"{label_ranks(dead)} of this world died {when} (exit status unknown{first.unknown_why(many=True)})"
+    else:
+        text = f"rank {first.rank} of this world died {when} ({first.describe()})"
+        others = [rank for rank in dead if rank != first.rank]
+        if others:
+            text += f"; {label_ranks(others)} ended with it"
+    text += f", so the world cannot run cells: {RESTART}"
+    if world.died_in is not None:  # that cell's error said where it was and what it last wrote
+        return text
+    if first.returncode is not None and first.returncode < 0:
+        crash = fatal_stack(world, first.rank)
+        if crash is not None and crash.frames:
+            text += f"\nWhere rank {first.rank} was when it died (most recent call last):\n{crash.text()}"
+    tail = "\n".join(last_stderr(world, first.rank).splitlines()[-5:])
+    return text + (f"\nIts last stderr lines:\n{tail}" if tail.strip() else "")
 
 
 def announce(result, pending, code, timeout, first_failure, replies, printer):

@@ -16,6 +16,7 @@ from ...rank.run_script import script_in
 from ...rank.stacks import WRAPPERS, aborts
 from ...wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
 from ..world import ipp
+from ..world.leftovers import oom_kills
 from ..world.reaper import alive
 
 RECORD_WAIT = 5.0  # s more that a death's record is waited for while the launcher that writes it runs
@@ -235,6 +236,8 @@ class Death:
     reported: int = None  # how mpiexec reported its end, when it ran on another host (negative: that signal)
     node_lost: str = ""  # what the batch system says of its node, when it says the node is lost
     job_ended: str = ""  # what ended the batch job, when the batch system did (its time limit...)
+    unrecorded: bool = False  # on this host, its launcher ended too without recording how the engine ended
+    oom_kills: int = 0  # processes the out-of-memory killer ended on this host since the world's ranks started
 
     def describe(self):
         if self.job_ended:
@@ -251,10 +254,23 @@ class Death:
             return (f"its engine on {self.host} stopped answering ipyparallel's heartbeats (the process ended, or "
                     "the host cannot be reached)")
         if self.returncode is None:
-            return "exit status unknown"
+            return "exit status unknown" + self.unknown_why()
         if self.returncode < 0:
             return _signal_text(-self.returncode)
         return f"exit code {self.returncode}"
+
+
+    def unknown_why(self, *, many=False):
+        """Why no exit status was recorded, as far as this host tells (``""``: nothing known); *many*: of
+        several ranks that all died so."""
+        if self.oom_kills:
+            return (f": the kernel's out-of-memory killer ended {self.oom_kills} process"
+                    f"{'es' if self.oom_kills > 1 else ''} on this host since the world started")
+        if self.unrecorded:
+            return (": the launchers that record it ended with them, so all were killed at once" if many else
+                    ": the launcher that records it ended with it, so both were killed at once") + \
+                " (mpiexec's end, the out-of-memory killer, or a signal from outside the world)"
+        return ""
 
 
 def _signal_text(number):
@@ -282,8 +298,13 @@ def death_report(world, dead, *, wait=1.0):
             break
         time.sleep(0.05)
     ended = world.launcher.ended()  # the batch system ended the job (its time limit...): every rank died of that
+    since = world.footprint.oom_kills
+    killed = (oom_kills() or 0) - since if since is not None else 0
     for death in deaths.values():
         death.job_ended = ended
+        if death.returncode is None and not world.is_remote(death.rank):
+            parent = world.identities.get(death.rank, {}).get("parent")
+            death.unrecorded, death.oom_kills = bool(parent) and not alive(parent), max(killed, 0)
     for rank, comm, code in aborts(output):
         call = f"called MPI_Abort({comm}, {code})"
         for death in deaths.values():  # who ended the job, even when MPI_Abort let its caller go on (it can)

@@ -20,6 +20,7 @@ class Footprint:
         self.shared_files = set()  # mapped by the ranks here (MPI's own segments among them): removed at stop
         self.shared_files_seen = set()  # every one this world's ranks mapped (all removed at stop)
         self.reaper = None
+        self.oom_kills = None  # the host's count of out-of-memory kills when the ranks registered
 
     def watch(self, processes, status_dir, *, cancel, kept_state):
         """A reaper that ends *processes* and runs *cancel* if this process dies without stopping the world, and
@@ -32,6 +33,7 @@ class Footprint:
         (removed at stop if a rank that died left it)."""
         self.processes = processes
         self.shared_files = mapped_shared_files(processes)
+        self.oom_kills = oom_kills()
 
     def note_shared_files(self, processes):
         """Add the shared-memory files *processes* map now (ranks still alive, at stop)."""
@@ -54,6 +56,19 @@ class Footprint:
             self.reaper.kill()
             self.reaper.wait(timeout=5)
         self.reaper = None
+
+
+def oom_kills():
+    """How many processes the kernel's out-of-memory killer has ended on this host since it booted (``None``:
+    the kernel does not say)."""
+    try:
+        with open("/proc/vmstat") as file:
+            for line in file:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def start_reaper(processes, status_dir, *, cancel=None, kept=None, previous=None):
