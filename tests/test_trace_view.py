@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mpinb.notebook.models import traces as tr
-from mpinb.rank.tracing import chrome
+from mpinb.wire import chrome_trace as chrome
 from mpinb.widgets.timeline import (
     BAND_COLOR,
     Drawing,

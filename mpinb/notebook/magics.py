@@ -13,8 +13,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, validate
 
 from ..errors import BadArguments, MPIError, NoMPI, StartInterrupted
-from ..rank import run_script
 from ..widgets import views
+from ..wire import script_cells
 from ..wire.ranks import parse_ranks
 from . import arguments, stops
 from .debug import visual_debugger
@@ -286,7 +286,7 @@ class MPIMagics(Magics):
             raise UsageError(f"--timeout takes seconds, a number of at least 0 (0: no limit), not {timeout:g}")
         with stops.deferred():  # a Stop while the world starts rolls the start back, said in one line
             self.ensure_world(n=args.n)
-        cell = run_script.cell(path, args.args)
+        cell = script_cells.cell(path, args.args)
         self._run_deferred(cell, ranks=None, stream=self.stream, gather=None, inspect=False, timeout=timeout,
                            trace=args.trace)
 

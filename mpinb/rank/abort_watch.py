@@ -4,6 +4,7 @@ import os
 import threading
 import time
 
+from ..wire.abort_notices import aborts
 from . import stacks
 
 
@@ -27,7 +28,7 @@ class AbortWatch(threading.Thread):
             time.sleep(self.every)
             size = stacks.native_stderr_size()
             if size != self.seen:
-                notices = stacks.aborts(stacks.native_stderr_since(self.seen))
+                notices = aborts(stacks.native_stderr_since(self.seen))
                 self.seen = size
                 if notices:
                     time.sleep(self.grace)  # MPI's own abort normally ends the process first
@@ -37,7 +38,7 @@ class AbortWatch(threading.Thread):
         """Exit now if MPI wrote an abort notice after *since* bytes (the cell that called it has returned)."""
         if stacks.native_stderr_size() <= since:  # nothing written: no file to open and read
             return
-        notices = stacks.aborts(stacks.native_stderr_since(since))
+        notices = aborts(stacks.native_stderr_since(since))
         if notices:
             self._exit(notices)
 

@@ -1,6 +1,6 @@
 """What would otherwise hang or fail silently on a rank of a notebook's world, made to say why instead.
 
-Its frames are left out of the tracebacks users see (``stacks.WRAPPERS``): the error is about the cell's call.
+Its frames are left out of the tracebacks users see (``wire/rank_files.py``'s ``WRAPPERS``): the error is about the cell's call.
 """
 
 

@@ -24,6 +24,7 @@ import time
 
 from ..wire import files
 from ..wire.kinds import DEFAULT_RUN
+from ..wire.report_words import nonfinite_message
 from .tracing import state as _trace
 
 
@@ -171,12 +172,6 @@ class ScriptSink:
         if self.every and self.last is not None:
             self.print_summary()
             self.every = 0
-
-
-def nonfinite_message(name, value, step):
-    """``loss became NaN at step 212`` (the words the notebook uses too)."""
-    word = "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return f"{name} became {word} at step {step}"
 
 
 def _as_float(name, value, *, defer=False):

@@ -1,7 +1,6 @@
 """Run a script file on this rank as ``__main__`` in the cell's namespace, as ``python FILE ARGS`` would."""
 
 import argparse
-import ast
 import os
 import sys
 
@@ -20,25 +19,6 @@ class _ArgumentsRejected(SystemExit):
     def __init__(self, text):
         super().__init__(2)
         self.text = text
-
-
-def cell(path, args):
-    """The one-line cell ``%mpi run`` sends: :func:`run` of *path* with *args* on every rank."""
-    return f'{_CALL}({path!r}, {list(args)!r})'
-
-
-def script_in(code):
-    """The path of the script *code* runs, when it is a :func:`cell`, else ``None``."""
-    if not code.startswith(_CALL + "("):
-        return None
-    try:
-        call = ast.parse(code, mode="eval").body
-        return ast.literal_eval(call.args[0])
-    except (SyntaxError, ValueError, AttributeError, IndexError):
-        return None
-
-
-_CALL = '__import__("mpinb.rank.run_script", fromlist=["run"]).run'
 
 
 def run(path, args=(), *, namespace=None):

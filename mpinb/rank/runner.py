@@ -10,6 +10,7 @@ import traceback
 import types
 
 from ..wire.kinds import CellReply
+from ..wire.rank_files import WRAPPERS
 from . import stacks
 
 _RESULT = "_mpinb_cell_value"
@@ -278,7 +279,7 @@ def _without_wrappers(tb):
     as if the cell had called mpi4py itself; ``%mpi debug`` does not stop in them either)."""
     kept = []
     while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.endswith(stacks.WRAPPERS):
+        if not tb.tb_frame.f_code.co_filename.endswith(WRAPPERS):
             kept.append(tb)
         tb = tb.tb_next
     for outer, inner in zip(kept, kept[1:]):

@@ -15,7 +15,6 @@ import atexit
 import contextlib
 import faulthandler
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -27,18 +26,6 @@ from ..wire.rank_files import STACK_SIGNAL, native_stderr_path, native_stdout_pa
 from . import signal_actions
 
 SIGNAL = STACK_SIGNAL
-# mpinb's wrappers around MPI calls (the modules of rank/tracing/, rank/tracing/trace_torch.py; the mpi4py backend of
-# torch.distributed, rank/torch_backend/, whose errors then read as raised by the torch call the cell made), and
-# the guards that stand in for what a rank must not call (rank/guards.py): not
-# where the user's code is, so left out of the stacks and tracebacks users see; and Python's bdb, which the visual
-# debugger (rank/debug/visual_debugger.py) runs a cell under: its frames sit above the line a rank is paused at
-WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
-    "intercept", "calls", "comms", "arguments", "ledger", "script")) + (
-    "mpinb/rank/tracing/trace_torch.py", "mpinb/rank/tracing/trace_ddp.py", "mpinb/rank/guards.py",
-    "mpinb/rank/sampler_epochs.py",
-    *(f"mpinb/rank/torch_backend/{name}.py" for name in ("__init__", "group", "work", "buffers")),
-    os.path.join(os.path.dirname(os.__file__), "bdb.py"))
-
 _file = None
 _installed = {}  # signal -> the address of the handler faulthandler installed for it
 _path = None  # the path of _file
@@ -91,23 +78,6 @@ def keep_native_output():
         os.close(_native)
     _native = native  # kept open: its size is read at every cell
     return paths
-
-
-# What each MPI writes when a rank calls MPI_Abort: MPICH and Intel MPI on the rank's stderr, Open MPI 5 there
-# too, Open MPI 4 through mpiexec
-_ABORTS = (
-    re.compile(r"application called MPI_Abort\((?P<comm>[^,]+), (?P<code>-?\d+)\) - process (?P<rank>\d+)"),
-    re.compile(r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator (?P<comm>\S+)\s+"
-               r"(?:with errorcode|[\s\S]{0,400}?Errorcode:)\s*(?P<code>-?\d+)"),
-)
-
-
-def aborts(text):
-    """``[(rank, communicator, error code)]`` of the MPI_Abort notices in *text*, whichever MPI wrote them."""
-    found = []
-    for pattern in _ABORTS:
-        found += [(int(m["rank"]), m["comm"], int(m["code"])) for m in pattern.finditer(text)]
-    return found
 
 
 def native_stderr_size():

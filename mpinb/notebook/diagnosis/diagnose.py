@@ -12,9 +12,9 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from ...rank.run_script import script_in
-from ...rank.stacks import WRAPPERS, aborts
-from ...wire.rank_files import STACK_SIGNAL, native_stderr_path, stderr_path
+from ...wire.abort_notices import aborts
+from ...wire.rank_files import STACK_SIGNAL, WRAPPERS, native_stderr_path, stderr_path
+from ...wire.script_cells import script_in
 from ..world import ipp
 from ..world.leftovers import oom_kills
 from ..world.reaper import alive

@@ -10,8 +10,8 @@ from array import array
 
 import numpy as np
 
-from ...rank.report import nonfinite_message
 from ...wire.kinds import DEFAULT_RUN
+from ...wire.report_words import nonfinite_message
 
 COLUMNS = ["run", "rank", "step", "name", "value", "time"]
 

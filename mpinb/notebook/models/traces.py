@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ...rank.tracing import chrome
 from ...widgets.text import duration
 from ...widgets.trace_rows import MPINB, label, nesting, traced_ranks
+from ...wire import chrome_trace as chrome
 
 COLUMNS = ["rank", "op", "comm", "peer", "bytes", "start", "end", "seq", "kind", "sent", "received", "detail"]
 BLOCKING = ("collective", "torch")  # kinds whose calls every member enters and waits in

@@ -16,7 +16,7 @@ def script_trace(path):
 
     from mpi4py import MPI
 
-    from . import chrome
+    from ...wire import chrome_trace as chrome
 
     install(MPI)
     rank = MPI.COMM_WORLD.rank

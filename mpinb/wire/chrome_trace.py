@@ -1,8 +1,10 @@
-"""Spans as Chrome trace events, the JSON that Perfetto and chrome://tracing open (as Horovod's timeline writes)."""
+"""Spans as Chrome trace events, the JSON that Perfetto and chrome://tracing open (as Horovod's timeline writes):
+written by a script traced under plain ``mpiexec`` (``rank/tracing/script.py``) and by the notebook's
+``Trace.to_chrome`` (``notebook/models/traces.py``)."""
 
 import json
 
-from ...wire import files
+from . import files
 
 ARGS = ("comm", "peer", "sent", "received", "seq", "detail")
 
