@@ -63,7 +63,8 @@ def straggler_marked(panel):
         return None
     others = [rank for rank in rows if rank != SLOW]
     holding = rows[SLOW][2]
-    if holding and all(rows[rank][0] == "collective" for rank in others) and \
+    # the slow rank computes for nearly all of each step and is in the allreduce for an instant: rows read then
+    if holding and rows[SLOW][0] == "running" and all(rows[rank][0] == "collective" for rank in others) and \
             all(rows[rank][2] is None for rank in others):
         return rows
     return None
