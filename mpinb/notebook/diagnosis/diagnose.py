@@ -259,7 +259,6 @@ class Death:
             return _signal_text(-self.returncode)
         return f"exit code {self.returncode}"
 
-
     def unknown_why(self, *, many=False):
         """Why no exit status was recorded, as far as this host tells (``""``: nothing known); *many*: of
         several ranks that all died so."""
