@@ -166,10 +166,11 @@ class MagicsDirective(SphinxDirective):
     """``%%mpi`` and every ``%mpi`` subcommand, from the parsers the magics use."""
 
     def run(self):
-        from mpinb.notebook import arguments
+        from mpinb.notebook import arguments, usage
         from mpinb.notebook.magics import MPIMagics
 
         self.env.note_dependency(arguments.__file__)  # an incremental build reads this page again when they change
+        self.env.note_dependency(usage.__file__)
         self.env.note_dependency(inspect.getfile(MPIMagics))
         out = []
 
@@ -234,10 +235,12 @@ class SettingsDirective(SphinxDirective):
     def run(self):
         from mpinb.notebook.magics import MPIMagics
 
-        self.env.note_dependency(inspect.getfile(MPIMagics))
         traits = MPIMagics.class_traits(config=True)
-        ordered = [name for name in vars(MPIMagics) if name in traits]
-        ordered += sorted(set(traits) - set(ordered))  # inherited ones, if any, last
+        defining = [klass for klass in MPIMagics.__mro__ if any(name in traits for name in vars(klass))]
+        for klass in defining:
+            self.env.note_dependency(inspect.getfile(klass))
+        # in the order the classes that define them (MPIMagics, then the settings it inherits) do
+        ordered = list(dict.fromkeys(name for klass in defining for name in vars(klass) if name in traits))
         rows = []
         std = self.env.get_domain("std")
         for name in ordered:

@@ -1,159 +1,33 @@
 """``%mpi`` and ``%%mpi``: parse arguments, then hand over to cluster.py for the world and to
-two helpers it is composed of: running.py for a cell, world_commands.py for the commands that look at a world."""
+two helpers it is composed of: running.py for a cell, world_commands.py for the commands that look at a world.
+Their settings are in settings.py, ``%mpi``'s help and how a usage error shows in usage.py."""
 
-import functools
 import keyword
 import math
-import shlex
 import time
 
 from IPython.core import magic_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from traitlets import Bool, Enum, Float, Integer, List, TraitError, Unicode, validate
 
-from ..errors import BadArguments, MPIError, NoMPI, StartInterrupted
+from ..errors import MPIError, StartInterrupted
 from ..widgets import views
 from ..wire import script_cells
 from ..wire.ranks import parse_ranks
 from . import arguments, stops
-from .debug import visual_debugger
 from .world import kept_state
-from .world import LAUNCHERS, Placement, State, World, check_size
+from .world import Placement, State, World, check_size
 from .frontend import in_notebook
 from .models import History
 from .running import CellRunner
+from .settings import MPISettings
+from .usage import MPI_HELP, helped, split, usage_errors
 from .world_commands import WorldCommands
 
 
-def _usage(method):
-    """*method* with mpinb's errors about what was asked (bad arguments, no usable MPI) shown as IPython shows a
-    magic's: a one-line ``UsageError``; the kernel's own debugger never stops in it (the user's code runs on the
-    ranks, where the debugger panel follows it)."""
-    @functools.wraps(method)
-    def shown(*args, **kwargs):
-        try:
-            with visual_debugger.kernel_untraced():
-                return method(*args, **kwargs)
-        except (BadArguments, NoMPI) as exc:
-            raise UsageError(str(exc)) from None
-    return shown
-
-
 @magics_class
-class MPIMagics(Magics):
+class MPIMagics(Magics, MPISettings):
     """Drive an MPI world from IPython. Configure with ``%config MPIMagics.<option> = value``."""
-
-    default_ranks = Integer(2, config=True, help="Ranks started by %%mpi when no world runs and -n is not given.")
-    default_mpi = Unicode(
-        "", config=True,
-        help="Which MPI %mpi start and %%mpi use without --mpi: mpich, openmpi, impi, or the path of an mpiexec. "
-             "Empty: the MPI of `mpiexec`, else the one beside this Python (mpich wheel), else on PATH. The ranks "
-             "load that MPI's library.",
-    )
-    mpiexec = Unicode(
-        "", config=True,
-        help="mpiexec to launch with (name or path); its MPI is read from `mpiexec --version`.",
-    )
-    mpi_library = Unicode("", config=True,
-                          help="The libmpi the ranks load, when it is not installed beside the launcher.")
-    mpiexec_args = List(Unicode(), config=True, help="Extra mpiexec arguments, e.g. ['--oversubscribe'].")
-    ip = Unicode("127.0.0.1", config=True,
-                 help="Address the controller listens on; loopback unless you ask (ranks on other hosts need one "
-                      "they can reach, or 0.0.0.0).")
-    launcher = Enum(list(LAUNCHERS), "mpi", config=True,
-                    help="How ranks start: mpi (mpiexec here), ssh (mpiexec over ssh to the hosts of hostfile), or "
-                         "a batch job running mpiexec: slurm, pbs, sge, lsf.")
-    hostfile = Unicode("", config=True, help="Hosts file for mpiexec (mpi and ssh launchers).")
-    partition = Unicode("", config=True, help="Batch launchers: the job's partition (queue).")
-    time_limit = Unicode("", config=True, help="Batch launchers: the job's time limit, e.g. 01:00:00.")
-    account = Unicode("", config=True, help="Batch launchers: the account the job is charged to.")
-    scheduler_args = List(Unicode(), config=True,
-                          help="Batch launchers: more job-script directives, e.g. ['--gres=gpu:1'].")
-    threads_per_rank = Integer(
-        0, config=True,
-        help="Threads each rank's math libraries (OpenMP, BLAS, torch, TensorFlow) may use: 0 gives each rank an "
-             "equal share of its host's cores, as torchrun does; negative leaves the libraries' defaults. Shown "
-             "by %mpi status; OMP_NUM_THREADS and the like set in the environment win.")
-    start_timeout = Float(60.0, config=True, help="Seconds to wait for all ranks to come up.")
-    heartbeat_ms = Integer(0, config=True, help="Controller-engine heartbeat period in milliseconds; 0: 100 ms, "
-                           "longer for worlds over 12 ranks (registration completes on a beat; a rank is given up "
-                           "after 3.5 s without heartbeats whatever the period).")
-    stream = Bool(True, config=True, help="Print rank output while the cell runs (else in rank order at the end).")
-    interrupt_grace = Float(5.0, config=True,
-                            help="Seconds ranks get to answer an interrupt; ranks stuck longer (in MPI or C) make "
-                                 "mpinb restart the world.")
-    timeout = Float(0.0, config=True, help="Default for %%mpi --timeout: seconds a cell may run (0: no limit).")
-    status_after = Float(30.0, config=True,
-                         help="Seconds after which a running cell shows, per rank, whether it finished and its "
-                              "last reported step (0: never).")
-    abort_grace = Float(2.0, config=True,
-                        help="When a rank fails, seconds the other ranks get to finish before they are stopped "
-                             "(they are usually waiting for it in a collective). Negative: wait for them.")
-    collective_wait = Float(
-        1.0, config=True,
-        help="Seconds a rank may wait in one collective before mpinb asks every rank where it is, and stops the "
-             "cell if ranks are in different collectives (0: never ask).")
-    trace_buffer = Integer(100_000, config=True,
-                           help="Spans each rank keeps under %%mpi --trace between sends at most (a ring: the "
-                                "oldest go first).")
-    report_interval = Float(0.1, config=True, help="Seconds each rank buffers mpinb.report() values between sends.")
-    refresh_interval = Float(0.25, config=True, help="Seconds between redraws of the live metric charts at most.")
-    max_points = Integer(1000, config=True, help="Points drawn per curve at most (the history keeps every value).")
-    gather_transport = Enum(["auto", "shm", "mpi", "frames"], "auto", config=True,
-                            help="How --gather moves values: auto (shm when the ranks share the notebook's host; "
-                                 "mpi when some do and the cell runs on every rank; else frames), shm (shared "
-                                 "memory), mpi (an MPI gather to a rank on the notebook's host, then one message), "
-                                 "frames (each rank sends its own).")
-    live_view = Enum(["auto", "widgets", "text", "off"], "auto", config=True,
-                     help="How mpinb.report() values show while a cell runs: auto (widgets in a notebook, text in "
-                          "a terminal), widgets, text, or off (only kept for mpinb.metrics()).")
-    snapshots = Bool(
-        True, config=True,
-        help="Keep every rank's variables on its host after each cell every rank finished, so that every restart "
-             "(%mpi restart after a rank died, a segfault, kill -9, MPI_Abort; mpinb's own) puts them back; "
-             "%mpi restart --fresh starts empty.")
-    snapshot_limit = Integer(1 << 30, config=True,
-                             help="Bytes one name may take in a rank's snapshot; larger ones are listed as not kept.")
-    snapshot_lag = Float(
-        10.0, config=True,
-        help="Seconds of a rank's work a crash may lose at most: a rank snapshots its variables when idle for 0.2 s "
-             "after a cell, and a cell that comes sooner waits for that snapshot only when the last cell every rank "
-             "kept is older (decided for every rank at once, from the next cell on).")
-    keep_widgets = Bool(
-        False, config=True,
-        help="Keep each view's widget live after its cell ends (zoom, pickers) instead of replacing it by its static "
-             "rendering. JupyterLab then needs Settings > Save Widget State Automatically, or a reopened notebook "
-             "shows 'Error displaying widget' where the views were; nbconvert and GitHub show the static copy.")
-
-    # what each number setting takes: (its least value, whether that value itself is allowed, in words); every
-    # value is finite (NaN and infinity are refused); threads_per_rank takes any whole number
-    _RANGES = {
-        "default_ranks": (1, True, "a number of ranks >= 1"),
-        "start_timeout": (0, False, "a finite number of seconds > 0"),
-        "heartbeat_ms": (0, True, "a number of milliseconds >= 0 (0: 100 ms, longer for worlds over 12 ranks)"),
-        "interrupt_grace": (0, True, "a finite number of seconds >= 0"),
-        "timeout": (0, True, "a finite number of seconds >= 0 (0: no limit)"),
-        "status_after": (0, True, "a finite number of seconds >= 0 (0: never)"),
-        "abort_grace": (-math.inf, False, "a finite number of seconds (negative: wait for them)"),
-        "collective_wait": (0, True, "a finite number of seconds >= 0 (0: never ask)"),
-        "trace_buffer": (1, True, "a number of spans >= 1"),
-        "report_interval": (0, True, "a finite number of seconds >= 0"),
-        "refresh_interval": (0, True, "a finite number of seconds >= 0"),
-        "max_points": (2, True, "a number of points per curve >= 2"),
-        "snapshot_limit": (0, True, "a number of bytes >= 0"),
-        "snapshot_lag": (0, True, "a finite number of seconds >= 0 (0: each cell waits for the last snapshot)"),
-    }
-
-    @validate(*_RANGES)
-    def _in_range(self, proposal):
-        """A number setting's value if it is one the setting takes; else a ``TraitError`` (what ``%config``
-        shows) saying what it takes."""
-        name, value = proposal["trait"].name, proposal["value"]
-        least, inclusive, what = self._RANGES[name]
-        if not (math.isfinite(value) and (value >= least if inclusive else value > least)):
-            raise TraitError(f"MPIMagics.{name} takes {what}, not {value!r}")
-        return value
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
@@ -171,73 +45,10 @@ class MPIMagics(Magics):
     # ------------------------------------------------------------------ %mpi
 
     @line_magic
-    @_usage
+    @usage_errors
+    @helped(MPI_HELP)
     def mpi(self, line=""):
-        """Start, stop and inspect the MPI world.
-
-        Usage::
-
-            %mpi start [-n N] [--mpi mpich|openmpi|impi|PATH] [--mpiexec PATH] [--mpiexec-arg ARG ...] [--ip ADDRESS]
-                       [--launcher {mpi,ssh,slurm,pbs,sge,lsf}] [--hostfile FILE]
-                       [--partition P] [--time HH:MM:SS] [--account A] [--scheduler-arg ARG ...]
-            %mpi stop
-            %mpi restart [-n N] [--fresh]
-            %mpi status
-            %mpi output
-            %mpi metrics [--run NAME]
-            %mpi grads MODEL
-            %mpi view
-            %mpi trace
-            %mpi who
-            %mpi stacks [RANKS]
-            %mpi debug R [--panel]
-            %mpi debug --rank R
-            %mpi inject [KIND --rank R [--at N] [--delay S] [--scale X] | clear]
-            %mpi run [-n N] [--timeout S] [--trace] FILE [ARGS ...]
-
-        ``start`` launches N ranks (default ``MPIMagics.default_ranks``) with mpiexec, one ipyparallel engine
-        per rank; ``comm``, ``rank`` and ``size`` are predefined on each. ``--launcher slurm`` (or pbs, sge,
-        lsf) submits a batch job of N tasks that runs that mpiexec inside its allocation; ``%mpi stop`` cancels
-        it. Ranks on other hosts need ``--ip``: the controller listens on loopback unless told otherwise.
-        ``restart`` gives new processes, of a new size with ``-n``, and every rank's variables come back as of
-        the last cell every rank finished (``--fresh``: none), after a rank died (a segfault, kill -9,
-        ``MPI_Abort``) too, and what could not be kept is listed. ``status`` lists rank, host, pid and
-        state. ``output`` shows the last cell's output rank by rank. ``metrics`` shows the charts and per-rank
-        table of everything ``mpinb.report()`` sent in this world (``mpinb.metrics()`` gives it as a DataFrame).
-        ``grads MODEL`` compares a ``torch.nn.Module`` across ranks: per layer, each rank's gradient norm and
-        the largest difference of gradients and weights to rank 0's, flagging the layers where ranks disagree.
-        ``view`` makes the world's ipyparallel view (``mpinb.view()``) the one ``%px`` runs on.
-        ``trace`` shows the timeline and summary of the last ``%%mpi --trace`` cell again (``mpinb.trace()``
-        gives it as a DataFrame). ``who`` lists every name on the ranks, flagging those that differ. ``stacks``
-        shows where each rank is, its Python frames merged with its native ones (py-spy's, when installed: the
-        MPI call, gloo's allreduce, the lock it waits on), one line each naming the place. ``debug R`` opens pdb
-        in rank R's last failed cell, its prompt answered in the notebook; ``breakpoint()`` in a cell opens the
-        same prompt for the rank that reaches it. With JupyterLab's debugger switched on, breakpoints clicked in
-        a ``%%mpi`` cell stop the ranks, and the panel shows rank 0 (``debug --rank R``: rank R);
-        ``debug R --panel`` shows rank R's last failed cell there. ``inject`` plants a fault on rank R for
-        teaching, acted on at its collectives (``straggler``, ``kill``, ``stall``, ``nan``, ``perturb``;
-        ``--at N``: its Nth collective from now); alone it lists them, ``clear`` removes them. ``run FILE
-        ARGS`` runs a script on every rank as ``__main__`` with ``sys.argv`` set, as ``mpiexec python FILE
-        ARGS`` would, as a cell (its output, errors, Stop), its globals kept for the next cell.
-        The world stops with the kernel.
-
-        Examples
-        --------
-        ::
-
-            In [1]: %load_ext mpinb
-            In [2]: %mpi start -n 4
-            MPI world of 4 ranks started in 2.6 s (MPICH Version: 5.0.2)
-            In [3]: %mpi status
-            MPI world of 4 ranks (MPICH Version: 5.0.2) via /env/bin/mpiexec
-            rank  host  pid    state
-               0  vm    81512  idle
-            ...
-            In [4]: %mpi start --mpi openmpi
-            In [5]: %mpi stop
-            In [6]: %mpi start -n 64 --launcher slurm --partition gpu --time 1:00:00 --ip 0.0.0.0
-        """
-        args = arguments.line_parser().parse_args(_split(line, "%mpi"))
+        args = arguments.line_parser().parse_args(split(line, "%mpi"))
         handler = getattr(self, f"_command_{args.command}", None) or getattr(self.commands, f"on_{args.command}")
         handler(args)
 
@@ -294,7 +105,7 @@ class MPIMagics(Magics):
 
     @cell_magic("mpi")
     @arguments.cell_arguments
-    @_usage
+    @usage_errors
     def mpi_cell(self, line="", cell=""):
         """Run the cell on every rank of the MPI world.
 
@@ -326,7 +137,7 @@ class MPIMagics(Magics):
             RankError: cell failed on every rank it ran on (ranks 0-3)
             ranks 0-3: ZeroDivisionError: division by zero
         """
-        _split(line, "%%mpi")  # unbalanced quotes are a usage error, not shlex's ValueError
+        split(line, "%%mpi")  # unbalanced quotes are a usage error, not shlex's ValueError
         args = magic_arguments.parse_argstring(self.mpi_cell, line)
         for name in args.gather or ():
             if not name.isidentifier() or keyword.iskeyword(name):
@@ -528,10 +339,3 @@ def _timed_start(start):
           f"({world.identities[0]['mpi']})")
     return world
 
-
-def _split(line, magic):
-    """*line* split as a shell would; unbalanced quotes are a ``UsageError``."""
-    try:
-        return shlex.split(line)
-    except ValueError as exc:
-        raise UsageError(f"{magic} {line}: {str(exc).lower()} (close the quote, or escape it with \\)") from None
