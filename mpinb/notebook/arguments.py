@@ -128,6 +128,34 @@ def line_parser():
     commands = parser.add_subparsers(
         dest="command", metavar="{start,stop,restart,status,run,output,metrics,grads,view,trace,who,stacks,debug,inject}")
     commands.required = True
+    _start(commands)
+    commands.add_parser("stop", help="stop the world and every process it started")
+    restart = commands.add_parser("restart", help="new processes, same size unless -n, with every rank's variables "
+                                                  "as of the last cell all finished")
+    restart.add_argument("-n", type=count, default=None, help="new number of ranks")
+    restart.add_argument("--fresh", action="store_true",
+                         help="start with empty namespaces instead of the variables kept")
+    commands.add_parser("status", help="rank, host, pid and state of every rank")
+    _run(commands)
+    commands.add_parser("output", help="the last cell's output, rank by rank")
+    metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
+    metrics.add_argument("--run", default=None, help="only this run (default: all)")
+    grads = commands.add_parser("grads", help="per layer and rank: gradient norms, and where ranks disagree")
+    grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
+    commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
+    commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
+    commands.add_parser("who", help="every name on the ranks, with the names that differ between ranks flagged")
+    stacks = commands.add_parser("stacks", help="where each rank is: its main thread's Python and native frames "
+                                                "(py-spy), identical stacks merged")
+    stacks.add_argument("ranks", nargs="?", default="all", metavar="RANKS",
+                        help="the ranks, like 0, 0-3 or 1,3 (default: every rank)")
+    _debug(commands)
+    _inject(commands)
+    return parser
+
+
+def _start(commands):
+    """``%mpi start``: the world's size, its MPI, where the controller listens and where its ranks run."""
     start = commands.add_parser("start", help="start a world of N ranks")
     start.add_argument("-n", type=count, default=None, help="number of ranks (default: MPIMagics.default_ranks)")
     start.add_argument("--mpi", default=None, type=which_mpi,
@@ -144,13 +172,10 @@ def line_parser():
     start.add_argument("--account", default=None, help="account the batch job is charged to")
     start.add_argument("--scheduler-arg", action="append", default=None,
                        help="more job-script directives, e.g. --scheduler-arg=--gres=gpu:1 (repeatable)")
-    commands.add_parser("stop", help="stop the world and every process it started")
-    restart = commands.add_parser("restart", help="new processes, same size unless -n, with every rank's variables "
-                                                  "as of the last cell all finished")
-    restart.add_argument("-n", type=count, default=None, help="new number of ranks")
-    restart.add_argument("--fresh", action="store_true",
-                         help="start with empty namespaces instead of the variables kept")
-    commands.add_parser("status", help="rank, host, pid and state of every rank")
+
+
+def _run(commands):
+    """``%mpi run``: a script and its arguments, with what a ``%%mpi`` cell takes of the world and its time."""
     run = commands.add_parser("run", help="run a script on every rank as __main__ with sys.argv = [FILE, *ARGS], as "
                                           "mpiexec python FILE ARGS would; its globals stay for the next cell")
     run.add_argument("-n", type=count, default=None,
@@ -164,18 +189,10 @@ def line_parser():
                           "copy at the same absolute path)")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
                      help="the script's arguments, passed as they are (options after FILE are the script's)")
-    commands.add_parser("output", help="the last cell's output, rank by rank")
-    metrics = commands.add_parser("metrics", help="charts and per-rank table of what mpinb.report() sent")
-    metrics.add_argument("--run", default=None, help="only this run (default: all)")
-    grads = commands.add_parser("grads", help="per layer and rank: gradient norms, and where ranks disagree")
-    grads.add_argument("model", help="the torch.nn.Module's name on the ranks, e.g. model or trainer.model")
-    commands.add_parser("view", help="make the world's ipyparallel view the one %%px runs on (mpinb.view())")
-    commands.add_parser("trace", help="the last %%mpi --trace cell's timeline and summary again (mpinb.trace())")
-    commands.add_parser("who", help="every name on the ranks, with the names that differ between ranks flagged")
-    stacks = commands.add_parser("stacks", help="where each rank is: its main thread's Python and native frames "
-                                                "(py-spy), identical stacks merged")
-    stacks.add_argument("ranks", nargs="?", default="all", metavar="RANKS",
-                        help="the ranks, like 0, 0-3 or 1,3 (default: every rank)")
+
+
+def _debug(commands):
+    """``%mpi debug``: pdb in a rank's failed cell, here or in JupyterLab's debugger panel, and the panel's rank."""
     debug = commands.add_parser("debug", help="pdb in rank R's last failed cell, its prompt here; --panel: in "
                                               "JupyterLab's debugger panel; --rank R: the rank the panel shows")
     debug.add_argument("rank", type=int, nargs="?", default=None, help="the rank whose last failed cell to debug")
@@ -183,6 +200,10 @@ def line_parser():
                        help="show the failed cell's frames in JupyterLab's debugger panel (switched on) instead")
     debug.add_argument("--rank", dest="panel_rank", type=int, default=None, metavar="R",
                        help="the rank JupyterLab's debugger panel shows when ranks stop at breakpoints (default 0)")
+
+
+def _inject(commands):
+    """``%mpi inject``: a fault of :data:`~mpinb.rank.faults.KINDS` on a rank, where it acts and how hard."""
     inject = commands.add_parser(
         "inject", help=f"plant a fault on rank R, acted on at its collectives (for teaching): "
                        f"{', '.join(faults.KINDS)}; clear removes every fault; alone, lists them")
@@ -197,6 +218,3 @@ def line_parser():
                              "(default 0.1)")
     inject.add_argument("--scale", type=scale, default=1e-3, metavar="X",
                         help="perturb: the noise's standard deviation, >= 0 (default 0.001)")
-    return parser
-
-
