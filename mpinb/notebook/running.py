@@ -45,14 +45,37 @@ class CellRunner:
         after the others are assigned. With *trace*, every rank's MPI calls are recorded and shown as a
         timeline when the cell ends, failed or not (``last_trace``).
         """
-        printer = RankPrinter(color=colored(self.magics.shell))
-        view = self.magics.view_kind()
-        self.live = metrics = LiveMetrics(self.magics.history, view=view, refresh_interval=self.magics.refresh_interval,
-                              max_points=self.magics.max_points)
+        magics = self.magics
+        printer = RankPrinter(color=colored(magics.shell))
+        view = magics.view_kind()
+        self.live = metrics = LiveMetrics(magics.history, view=view, refresh_interval=magics.refresh_interval,
+                                          max_points=magics.max_points)
         # IPython counts the running cell before executing it: In[n] runs while execution_count is n + 1
-        number = max(getattr(self.magics.shell, "execution_count", 1) - 1, 0)
-        self.magics.history.begin_cell()
-        # IPython's syntax turned into Python once here, not by every rank
+        number = max(getattr(magics.shell, "execution_count", 1) - 1, 0)
+        magics.history.begin_cell()
+        cell, options = self._options(cell, ranks=ranks, gather=gather, inspect=inspect, trace=trace,
+                                      below_magic=below_magic)
+        tracer = LiveTrace(view=view) if trace else None
+        try:
+            self.last = result = dispatch.dispatch(
+                magics.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
+                options=options, timeout=timeout or None, interrupt_grace=magics.interrupt_grace,
+                status=CellStatus(magics.history, widgets=view == "widgets", after=magics.status_after),
+                abort_grace=magics.abort_grace if magics.abort_grace >= 0 else None,
+                collective_wait=magics.collective_wait or None, trace=tracer,
+                progress=lambda: views.Progress(notebook=in_notebook(magics.shell)),
+            )
+        except KeyboardInterrupt as exc:
+            stopped = getattr(exc, "mpinb_result", None)
+            if stopped is None:
+                raise
+            raise self._interrupted(stopped, tracer) from None
+        return self._finish(result, number=number, stream=stream, tracer=tracer, inspect=bool(gather and inspect))
+
+    def _options(self, cell, *, ranks, gather, inspect, trace, below_magic):
+        """*cell* as the ranks run it (a line down when *below_magic*), and the :class:`CellOptions` it travels
+        with: the agent's settings, its source as IPython transformed it (once here, not by every rank), what to
+        gather and trace, and the debugger panel's set-up."""
         magics = self.magics
         source = _transformed(magics.shell, cell)
         if below_magic:  # after IPython's transform, which drops leading blank lines
@@ -66,28 +89,24 @@ class CellRunner:
             trace_buffer=magics.trace_buffer if trace else None,
             gather=GatherRequest(tuple(gather), self.transport(ranks), self._root(), bool(inspect)) if gather
             else None, debug=visual_debugger.setup())
-        tracer = LiveTrace(view=view) if trace else None
-        try:
-            self.last = result = dispatch.dispatch(
-                self.magics.world, cell, ranks=ranks, number=number, stream=stream, printer=printer, metrics=metrics,
-                options=options, timeout=timeout or None, interrupt_grace=self.magics.interrupt_grace,
-                status=CellStatus(self.magics.history, widgets=view == "widgets", after=self.magics.status_after),
-                abort_grace=self.magics.abort_grace if self.magics.abort_grace >= 0 else None,
-                collective_wait=self.magics.collective_wait or None, trace=tracer,
-                progress=lambda: views.Progress(notebook=in_notebook(self.magics.shell)),
-            )
-        except KeyboardInterrupt as exc:
-            stopped = getattr(exc, "mpinb_result", None)
-            if stopped is None:
-                raise
-            self.last = stopped
-            if tracer is not None:
-                self.last_trace = tracer.finish(stopped.ranks)
-            notes = self._recover(stopped)
-            raise Interrupted(stopped.errors, stopped.ranks, notes=stopped.notes(notes), first=stopped.first_death) \
-                from None
-        if not result.errors and result.trouble is None and list(result.ranks) == list(self.magics.world.ranks):
-            self.magics.world.kept_state.finished(result.cell_id, number)  # every rank's snapshot of it is kept
+        return cell, options
+
+    def _interrupted(self, stopped, tracer):
+        """The ``Interrupted`` a cell the user stopped raises, once what it left is kept and the world is usable
+        again."""
+        self.last = stopped
+        if tracer is not None:
+            self.last_trace = tracer.finish(stopped.ranks)
+        notes = self._recover(stopped)
+        return Interrupted(stopped.errors, stopped.ranks, notes=stopped.notes(notes), first=stopped.first_death)
+
+    def _finish(self, result, *, number, stream, tracer, inspect):
+        """What a cell the ranks replied to leaves: its snapshots kept when every rank finished, its output in rank
+        order unless streamed, its trace, its gathered values in the user's namespace (in the tensor inspector when
+        *inspect*); then the ranks' errors raised. Returns *result*."""
+        world = self.magics.world
+        if not result.errors and result.trouble is None and list(result.ranks) == list(world.ranks):
+            world.kept_state.finished(result.cell_id, number)  # every rank's snapshot of it is kept
         if not stream:
             print(result.rank_ordered())
         if tracer is not None:
@@ -95,7 +114,7 @@ class CellRunner:
         self.magics.shell.user_ns.update(result.gathered)
         for note in result.gather_notes + result.warnings:
             print(f"[mpinb] {note}", file=sys.stderr)
-        if gather and inspect and result.gathered:
+        if inspect and result.gathered:
             self._show_inspector(result)
         try:
             result.raise_for_errors(notes=self._recover(result))
