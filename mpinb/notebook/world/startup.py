@@ -115,6 +115,35 @@ class Startup:
         from traitlets.config import Config
 
         world = self.world
+        mpi = self._checked_mpi()
+        config = Config()
+        world.prepare()  # its heartbeat period and status folder
+        engines = self._engines(config, mpi)
+        local = world.launcher.all_here
+        return ipyparallel.Cluster(
+            engines=engines,
+            n=world.size,
+            controller_ip=world.ip,
+            controller_args=[f"--HeartMonitor.period={world.heartbeat_ms}", "--HubFactory.db_class=NoDB",
+                             f"--HeartMonitor.max_heartmonitor_misses={heartbeat_misses(world.heartbeat_ms)}",
+                             # off loopback, ipyparallel's own messages (which carry the channel's salt) are
+                             # encrypted too, as the cell channel is
+                             f"--IPController.enable_curve={not world.loopback}"],
+            delay=0,
+            # on this host, the ranks start while the controller does (they wait for its connection file)
+            # rather than after it wrote the file, which ipyparallel otherwise waits for to pass it in their
+            # environment
+            send_engines_connection_env=not local,
+            shutdown_atexit=False,
+            cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
+            log_level=logging.WARNING,
+            config=config,
+        )
+
+    def _checked_mpi(self):
+        """The world's MPI, once it, the launcher and where the ranks run are known to work together; else the
+        error that says what does not."""
+        world = self.world
         mpi = world.resolve_mpi()
         mpis.check(mpi, sys.executable)
         world.launcher.check()
@@ -124,8 +153,13 @@ class Startup:
                 f"ranks on {', '.join(remote[:3])} cannot reach a controller that listens on {world.ip}: add "
                 "--ip with an address of this host they can reach (or 0.0.0.0 for every interface)"
             )
-        config = Config()
-        world.prepare()  # its heartbeat period and status folder
+        return mpi
+
+    def _engines(self, config, mpi):
+        """The engines' launcher of this start, configured in *config* by the world's launcher: one ``mpiexec``
+        of *mpi* whose ranks carry the world's mark and environment, each under a parent that records how it
+        ended; the controller's launcher is configured in *config* too."""
+        world = self.world
         # on this host the ranks start while the controller does, and wait for this copy of its engine file:
         # the controller writes its own in place, and an engine that read it half-written exited
         self.engine_file = os.path.join(world.status_dir, "engine.json")
@@ -146,32 +180,13 @@ class Startup:
         # each rank runs its engine under a parent that records how it ended (rank/launch.py)
         # ipyparallel's nanny (a process per engine, a quarter of a second of CPU each to start) signals ranks on
         # other hosts; ranks on this one are signalled by pid
-        engines = world.launcher.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
-                                            engine_cmd=[sys.executable, "-m", "mpinb.rank.launch",
-                                                        f"--IPEngine.enable_nanny={not local}",
-                                                        f"--IPEngine.wait_for_url_file={world.start_timeout:g}",
-                                                        *([f"--IPEngine.url_file={self.engine_file}"] if local
-                                                          else [])],
-                                            environment=environment, workdir=world.status_dir)
-        return ipyparallel.Cluster(
-            engines=engines,
-            n=world.size,
-            controller_ip=world.ip,
-            controller_args=[f"--HeartMonitor.period={world.heartbeat_ms}", "--HubFactory.db_class=NoDB",
-                             f"--HeartMonitor.max_heartmonitor_misses={heartbeat_misses(world.heartbeat_ms)}",
-                             # off loopback, ipyparallel's own messages (which carry the channel's salt) are
-                             # encrypted too, as the cell channel is
-                             f"--IPController.enable_curve={not world.loopback}"],
-            delay=0,
-            # on this host, the ranks start while the controller does (they wait for its connection file)
-            # rather than after it wrote the file, which ipyparallel otherwise waits for to pass it in their
-            # environment
-            send_engines_connection_env=not local,
-            shutdown_atexit=False,
-            cluster_file="",  # ipcluster's listing of running clusters: mpinb keeps its own (World)
-            log_level=logging.WARNING,
-            config=config,
-        )
+        return world.launcher.configure(config, mpiexec=mpi.mpiexec, mpiexec_args=arguments,
+                                         engine_cmd=[sys.executable, "-m", "mpinb.rank.launch",
+                                                     f"--IPEngine.enable_nanny={not local}",
+                                                     f"--IPEngine.wait_for_url_file={world.start_timeout:g}",
+                                                     *([f"--IPEngine.url_file={self.engine_file}"] if local
+                                                       else [])],
+                                         environment=environment, workdir=world.status_dir)
 
     def _launch(self):
         """The controller, then ``mpiexec`` (or the batch job), with a reaper watching them at once."""
