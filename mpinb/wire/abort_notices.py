@@ -1,6 +1,6 @@
 """The notice each MPI writes when a rank calls MPI_Abort, read back from the rank's standard error: by the rank
 itself (``rank/abort_watch.py``: a rank MPI_Abort let live on is ended) and by the notebook (``notebook/diagnosis/
-diagnose.py``: who ended the job, and with which code)."""
+deaths.py``: who ended the job, and with which code)."""
 
 import re
 

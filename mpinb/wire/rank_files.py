@@ -1,8 +1,8 @@
 """The files each rank keeps for the notebook in the world's private directory, named after the one its
 faulthandler dumps stacks to (``mpinb-stacks-<pid>``, sent in the rank's :class:`~mpinb.wire.kinds.Hello`), and
 the signal that asks for the dump. The rank writes them (``rank/stacks.py``, ``rank/tracing/ledger.py``); the
-notebook reads them after a rank is stuck or gone (``notebook/diagnosis/diagnose.py``, ``mismatch.py``) and removes them with
-the world (``notebook/world/reaper.py``)."""
+notebook reads them after a rank is stuck or gone (``notebook/diagnosis/diagnose.py``, ``deaths.py``,
+``mismatch.py``) and removes them with the world (``notebook/world/reaper.py``)."""
 
 import os
 import signal

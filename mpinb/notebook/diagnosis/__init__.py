@@ -2,7 +2,8 @@
 different collectives and the fix for them, ranks let out of MPI after a Stop, and replicas that drifted apart."""
 
 from . import native
-from .diagnose import RankStack, capture_stacks, death_report, fatal_stack, last_stderr
+from .deaths import death_report, last_stderr
+from .diagnose import RankStack, capture_stacks, fatal_stack
 from .mismatch import MismatchWatch, after_cell, at_death, left_apart
 from .recover import Recovery
 from .replicas import differences
