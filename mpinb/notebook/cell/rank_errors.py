@@ -6,6 +6,7 @@ import signal
 import sys
 
 from ...errors import RankLost
+from ...wire.debug_pause import paused_in
 from ...wire.kinds import CellReply
 from ...wire.ranks import label_ranks
 from ..diagnosis import death_report, fatal_stack, last_stderr
@@ -97,8 +98,6 @@ def stopped(result, rank, code, timeout, grace, *, answered):
 def _paused(stack, code):
     """``paused in the debugger at cell line 5`` for a rank that waited in the visual debugger's panel (its
     frames below the cell's are the debugger's, never shown), else ``None``."""
-    from ...rank.debug.visual_debugger import paused_in
-
     if stack is None or not paused_in(stack.frames):
         return None
     place, _ = stack.line(code)
