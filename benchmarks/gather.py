@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 from results import OtherLoad, publish, shell
 
-from mpinb.rank.gather import HISTOGRAM_SAMPLE
+from mpinb.wire.array_stats import HISTOGRAM_SAMPLE
 
 MARK = "<!-- gather limits -->"
 RANKS, FLOATS = 4, 8 << 20  # 32 MB of float32 per rank
@@ -63,7 +63,7 @@ def inspector_parts(ip, pool, reps):
     """Where the inspector's time goes, on the last gather's views, each part alone (``{part: (median, iqr)}``):
     the one pass of notebook/models/scan.py, the histograms' samples, and every value read once (the floor)."""
     from mpinb.notebook.models.scan import scan
-    from mpinb.rank.gather import HISTOGRAM_SAMPLE, histogram
+    from mpinb.wire.array_stats import HISTOGRAM_SAMPLE, histogram
 
     views = {rank: np.asarray(ip.user_ns["x"][rank]).ravel() for rank in range(RANKS)}
 

@@ -25,8 +25,8 @@ from results import publish
 from mpinb.notebook.models.history import History
 from mpinb.notebook.models.leaf_reports import inspect_gathered
 from mpinb.notebook.models.traces import frame, summarize
-from mpinb.rank.gather import leaf_stats
-from mpinb.widgets import static, timeline
+from mpinb.wire.array_stats import leaf_stats
+from mpinb.widgets import static, timeline_static
 from mpinb.widgets.grads import grad_report
 
 MARK = "<!-- static renderings -->"
@@ -74,7 +74,7 @@ def timeline_case():
                         int((t + 4e-4) * 1e9), i, "collective", "") for i, t in enumerate(starts)]
     trace = frame(spans)
     summary = summarize(trace)
-    return lambda: timeline.timeline_bundle(trace, summary), 1
+    return lambda: timeline_static.timeline_bundle(trace, summary), 1
 
 
 CASES = [("live charts: 4 ranks × 1,000 steps, 2 metrics", metrics_case),

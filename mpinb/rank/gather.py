@@ -12,17 +12,15 @@ those anyway to compare the ranks, and takes their statistics in that same pass.
 """
 
 import collections
-import math
 import pickle
-import sys
 
 import numpy as np
 
 from ..errors import GatherError
+from ..wire.array_stats import leaf_stats
+from ..wire.framework_arrays import as_array, framework
 from ..wire.gathered import Packed, Unsent, scannable
 
-HISTOGRAM_BINS = 30
-HISTOGRAM_SAMPLE = 1 << 16  # values a histogram is drawn from at most (an evenly strided sample)
 _RAW = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}  # a dtype travelling as raw bytes is viewed as these
 
 
@@ -125,8 +123,8 @@ def _prepare(value, path, leaves):
         return value
     if _is_tensor(value):
         return _torch_leaf(value, path, leaves)
-    framework = _framework(value)
-    array = _as_array(value, framework)
+    kind = framework(value)
+    array = as_array(value, kind)
     if array is None:
         try:
             pickle.dumps(value, protocol=5)
@@ -139,7 +137,7 @@ def _prepare(value, path, leaves):
         return value
     if not (array.flags.c_contiguous or array.flags.f_contiguous):  # 0-d arrays are always contiguous
         array = np.ascontiguousarray(array)
-    if framework is None:
+    if kind is None:
         leaves[path] = (array, str(array.dtype), "cpu")
     else:
         leaves[path] = (array, _dtype_name(value.dtype), _device_of(value))
@@ -147,9 +145,9 @@ def _prepare(value, path, leaves):
     if not array.dtype.hasobject and array.dtype.itemsize in _RAW and (
             array.dtype.kind in "mM" or array.dtype.type.__module__ == "ml_dtypes"):
         raw, array = array.dtype, array.view(_RAW[array.dtype.itemsize])  # else pickled in band, element by element
-    if raw is None and framework is None:
+    if raw is None and kind is None:
         return array
-    return ArrayLeaf(array, raw, framework)
+    return ArrayLeaf(array, raw, kind)
 
 
 def _torch_leaf(value, path, leaves):
@@ -173,69 +171,10 @@ def _is_tensor(value):
     return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "numel")
 
 
-def _framework(value):
-    """``"jax"`` or ``"tensorflow"`` for their arrays (only when the rank has imported them), else None."""
-    jax = sys.modules.get("jax")
-    if jax is not None and isinstance(value, getattr(jax, "Array", ())):
-        return "jax"
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and isinstance(value, (getattr(tf, "Tensor", ()), getattr(tf, "Variable", ()))):
-        return "tensorflow"
-    return None
-
-
-def framework_array(value):
-    """A numpy array of a JAX array's or TensorFlow tensor's values (TF strings as bytes objects), else None."""
-    framework = _framework(value)
-    return None if framework is None else _as_array(value, framework)
-
-
-def _as_array(value, framework=None):
-    """A numpy array for numpy arrays, JAX and TF arrays, anything with ``__array__``, and DLPack exporters
-    (CuPy); None for anything else, ndarray subclasses included (they travel as themselves)."""
-    if type(value) is np.ndarray or isinstance(value, np.memmap):
-        return np.asarray(value)
-    if isinstance(value, np.ndarray):
-        return None
-    if framework == "tensorflow":  # never TF's __dlpack__: it aborts the process on a string tensor
-        array = value.numpy()  # strings as bytes objects
-        if not isinstance(array, np.ndarray):  # 0-d: a numpy (or ml_dtypes) scalar, or bytes
-            array = np.array(array, dtype=object if isinstance(array, bytes) else None)
-        return array
-    if framework == "jax":
-        return np.asarray(value)
-    if hasattr(value, "__array__"):
-        try:
-            return np.asarray(value)
-        except Exception:  # noqa: BLE001 - CuPy refuses an implicit copy off the device: DLPack below
-            if not hasattr(value, "__dlpack__"):
-                raise
-    if hasattr(value, "__dlpack__"):
-        try:
-            return np.from_dlpack(value)
-        except (BufferError, TypeError, RuntimeError):  # on a device numpy cannot read: go through torch
-            try:
-                import torch
-
-                return torch.from_dlpack(value).cpu().numpy()
-            except Exception:  # noqa: BLE001
-                pass
-    return None
-
-
 def _dtype_name(dtype):
     """``bfloat16``, ``string``, ``float32``: a framework's own name for its dtype."""
     name = getattr(dtype, "name", None)
     return name if isinstance(name, str) else str(dtype)
-
-
-def computable(array):
-    """*array* as float32 when numpy cannot compute in its dtype (``ml_dtypes``' bfloat16, float8, int4) or
-    would overflow in it (float16: the norm of 70 000 ones); otherwise *array* itself."""
-    dtype = array.dtype
-    if dtype.type.__module__ == "ml_dtypes" or (dtype.kind == "f" and dtype.itemsize < 4):
-        return array.astype(np.float32)
-    return array
 
 
 def _device_of(value):
@@ -261,67 +200,3 @@ def _leaf_stats(array, dtype, device):
         return leaf_stats(array, dtype, device)
     except Exception:  # noqa: BLE001
         return {"shape": tuple(array.shape), "dtype": dtype, "device": device, "size": int(array.size)}
-
-
-def leaf_stats(array, dtype, device):
-    """Shape, dtype, device, norm, min, max, mean, NaN and Inf counts and a histogram of one array.
-
-    The histogram is of every value up to :data:`HISTOGRAM_SAMPLE` values, of an evenly strided sample beyond
-    (``histogram_stride`` says which); everything else is exact.
-    """
-    stats = {"shape": tuple(array.shape), "dtype": dtype, "device": device, "size": int(array.size)}
-    array = computable(array)
-    if array.size == 0 or array.dtype.kind not in "biuf":
-        return stats
-    values = array.astype(np.float64, copy=False) if array.dtype.kind in "biu" else array
-    low, high = float(values.min()), float(values.max())  # a NaN anywhere makes both NaN
-    if math.isfinite(low) and math.isfinite(high):  # the common case, without a pass to find the non-finite
-        stats["nan"] = stats["inf"] = 0
-    else:
-        finite = np.isfinite(values)
-        stats["nan"], stats["inf"] = int(np.isnan(values).sum()), int(np.isinf(values).sum())
-        values = values[finite]
-        if values.size == 0:
-            return stats
-        low, high = float(values.min()), float(values.max())
-    with np.errstate(over="ignore"):
-        # float32's sums overflow for values past 1e19 (a mask filled with float32's lowest value): the mean is
-        # summed in float64, and a norm that overflowed is taken again of the values scaled down
-        norm = float(np.linalg.norm(values.ravel()))
-        if math.isinf(norm):  # the squares overflowed, not the values: scaled down first (a copy, this case only)
-            scale = max(abs(low), abs(high))
-            norm = scale * float(np.linalg.norm(values.ravel().astype(np.float64) / scale))
-        stats.update(min=low, max=high, mean=float(values.mean(dtype=np.float64)), norm=norm)
-    if math.isfinite(low) and math.isfinite(high):
-        flat = values.ravel()
-        stride = -(-flat.size // HISTOGRAM_SAMPLE)
-        stats["histogram"] = histogram(flat[::stride], low, high)
-        stats["histogram_stride"] = stride
-    return stats
-
-
-def _one_value(sample):
-    """The histogram of *sample*, whose values are all the same: np.histogram's of one of them, its count made the
-    sample's (np.histogram's general path over the whole sample took 1.8 ms a rank of 32 MB, a fifth of the
-    inspector). Where +-0.5 around the value cannot be told from it (np.histogram raises ValueError), bins as wide
-    as the value's own precision allows, the values in the middle one."""
-    try:
-        counts, edges = np.histogram(sample[:1], bins=HISTOGRAM_BINS)
-        return (counts * len(sample)).tolist(), edges.tolist()
-    except ValueError:
-        value = float(sample[0])
-        half = abs(value) * 2.0 ** -20
-        counts = [0] * HISTOGRAM_BINS
-        counts[HISTOGRAM_BINS // 2] = len(sample)
-        return counts, np.linspace(value - half, value + half, HISTOGRAM_BINS + 1).tolist()
-
-
-def histogram(sample, low, high):
-    """``(counts, edges)`` of *sample* in :data:`HISTOGRAM_BINS` equal bins from *low* to *high*, the maximum in
-    the last; by ``bincount`` on the bin indices (np.histogram's general path took 2x as long)."""
-    if high <= low:
-        return _one_value(sample)
-    index = ((sample.astype(np.float64) - low) * (HISTOGRAM_BINS / (high - low))).astype(np.intp)
-    np.clip(index, 0, HISTOGRAM_BINS - 1, out=index)
-    counts = np.bincount(index, minlength=HISTOGRAM_BINS)
-    return counts.tolist(), np.linspace(low, high, HISTOGRAM_BINS + 1).tolist()

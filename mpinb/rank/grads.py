@@ -4,8 +4,8 @@ from rank 0's. Collective: every rank of the communicator calls it, and only sta
 
 import numpy as np
 
+from ..wire.array_stats import HISTOGRAM_BINS
 from ..wire.ranks import label_ranks
-from .gather import HISTOGRAM_BINS
 
 
 class NotComparable(ValueError):

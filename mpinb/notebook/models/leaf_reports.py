@@ -11,14 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...rank.gather import (
-    HISTOGRAM_SAMPLE,
-    computable,
-    framework_array,
-    histogram,
-    leaf_stats,
-)
 from ...widgets.text import number
+from ...wire.array_stats import HISTOGRAM_SAMPLE, computable, histogram, leaf_stats
+from ...wire.framework_arrays import framework_array
 from ...wire.gathered import scannable
 from ...wire.ranks import label_ranks
 from .scan import scan
