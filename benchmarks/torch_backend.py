@@ -57,7 +57,7 @@ def ranks_main(rounds, out):
 
     import mpinb.torch as mt
     from mpinb.rank.tracing import trace_torch
-    from mpinb.rank.torch_backend import group as backend_group
+    from mpinb.rank.torch_backend import agreement
 
     torch.set_num_threads(1)
     trace_torch.install(dist)
@@ -74,9 +74,9 @@ def ranks_main(rounds, out):
 
     def backend(tensor, checked=True):
         def call():
-            backend_group.checked = checked
+            agreement.checked = checked
             dist.all_reduce(tensor)
-            backend_group.checked = True
+            agreement.checked = True
         return call
 
     results = {"large": {}, "small": {}, "ddp": {}}

@@ -59,5 +59,6 @@ WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
     "intercept", "calls", "comms", "arguments", "ledger", "script")) + (
     "mpinb/rank/tracing/trace_torch.py", "mpinb/rank/tracing/trace_ddp.py", "mpinb/rank/guards.py",
     "mpinb/rank/sampler_epochs.py",
-    *(f"mpinb/rank/torch_backend/{name}.py" for name in ("__init__", "group", "work", "buffers")),
+    *(f"mpinb/rank/torch_backend/{name}.py" for name in (
+        "__init__", "group", "agreement", "spans", "interrupts", "splits", "work", "buffers")),
     os.path.join(os.path.dirname(os.__file__), "bdb.py"))

@@ -14,8 +14,10 @@ imported on a rank, or by :func:`register`::
     dist.init_process_group("mpi4py")            # env:// as every %%mpi world has it; data goes through MPI
     model = torch.nn.parallel.DistributedDataParallel(model)
 
-The group is in ``group.py``, tensors as MPI buffers and torch's reductions as MPI ops in ``buffers.py``, what
-its calls return in ``work.py``.
+The group is in ``group.py``, the check that the ranks make the same call in ``agreement.py``, its calls as
+spans on the timeline in ``spans.py`` with Stop held until their MPI calls are done by ``interrupts.py``, a flat
+tensor's parts per rank in ``splits.py``, tensors as MPI buffers and torch's reductions as MPI ops in
+``buffers.py``, what its calls return in ``work.py``.
 """
 
 NAME = "mpi4py"
