@@ -327,7 +327,7 @@ def test_a_training_cell_after_an_idle_stretch_shows_the_steps_the_straggler_and
     assert "allgather" not in summary.sentence, summary.sentence
     assert any("mpinb's own" in note for note in summary.notes), summary.notes
     # the 3 s without calls is folded into a labelled band: the steps fill the picture
-    from mpinb.widgets.timeline import Folding
+    from mpinb.widgets.idle_folding import Folding
 
     fold = Folding.of(trace)
     assert len(fold.bands) == 1, fold.bands

@@ -9,16 +9,10 @@ import pytest
 
 from mpinb.notebook.models import traces as tr
 from mpinb.wire import chrome_trace as chrome
-from mpinb.widgets.timeline import (
-    BAND_COLOR,
-    Drawing,
-    Folding,
-    TimelineWidget,
-    _js_number,
-    legend_html,
-    timeline_bundle,
-    timeline_figure,
-)
+from mpinb.widgets.idle_folding import Folding
+from mpinb.widgets.timeline import TimelineWidget, _js_number, legend_html
+from mpinb.widgets.timeline_drawing import Drawing
+from mpinb.widgets.timeline_static import BAND_COLOR, timeline_bundle, timeline_figure
 from mpinb.widgets.trace_rows import label
 from mpinb.widgets.trace_summary import HIGHLIGHT, summary_html, summary_text
 

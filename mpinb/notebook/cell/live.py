@@ -199,8 +199,8 @@ def show_trace(trace, summary=None, *, view):
 
     summary = summary or summarize(trace)
     if view == "widgets":
-        from ...widgets.timeline import timeline_bundle
         from ...widgets.timeline import TimelineWidget
+        from ...widgets.timeline_static import timeline_bundle
 
         views.show_at_end(lambda: TimelineWidget(trace, summary).widget, lambda: timeline_bundle(trace, summary),
                           name="timeline")
