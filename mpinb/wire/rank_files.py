@@ -50,15 +50,19 @@ def every_path(path):
     return path, stderr_path(path), native_stderr_path(path), native_stdout_path(path), ledger_path(path)
 
 
-# mpinb's wrappers around MPI calls (the modules of rank/tracing/, rank/tracing/trace_torch.py; the mpi4py backend of
-# torch.distributed, rank/torch_backend/, whose errors then read as raised by the torch call the cell made), and
-# the guards that stand in for what a rank must not call (rank/guards.py): not
-# where the user's code is, so left out of the stacks and tracebacks users see; and Python's bdb, which the visual
-# debugger (rank/debug/visual_debugger.py) runs a cell under: its frames sit above the line a rank is paused at
-WRAPPERS = tuple(f"mpinb/rank/tracing/{name}.py" for name in (
-    "intercept", "calls", "comms", "arguments", "ledger", "script")) + (
-    "mpinb/rank/tracing/trace_torch.py", "mpinb/rank/tracing/trace_ddp.py", "mpinb/rank/guards.py",
-    "mpinb/rank/sampler_epochs.py",
-    *(f"mpinb/rank/torch_backend/{name}.py" for name in (
-        "__init__", "group", "agreement", "spans", "interrupts", "splits", "work", "buffers")),
+# mpinb's wrappers around MPI calls (every module of rank/tracing/; the mpi4py backend of torch.distributed,
+# rank/torch_backend/, whose errors then read as raised by the torch call the cell made), and the guards that stand
+# in for what a rank must not call (rank/guards.py): not where the user's code is, so left out of the stacks and
+# tracebacks users see; and Python's bdb, which the visual debugger (rank/debug/visual_debugger.py) runs a cell
+# under: its frames sit above the line a rank is paused at. Whole folders, so a module split off stays left out.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _modules(folder):
+    return tuple(f"mpinb/{folder}/{name}" for name in sorted(os.listdir(os.path.join(_PACKAGE, folder)))
+                 if name.endswith(".py"))
+
+
+WRAPPERS = _modules("rank/tracing") + _modules("rank/torch_backend") + (
+    "mpinb/rank/guards.py", "mpinb/rank/sampler_epochs.py",
     os.path.join(os.path.dirname(os.__file__), "bdb.py"))

@@ -175,7 +175,7 @@ def _datatype(datatype):
 
 
 # numpy's ndarray, once describe() met one: an array of it is described by three attributes (its size, dtype and
-# nbytes, all plain), which calls.py reads in place, sparing a call of describe() per buffer
+# nbytes, all plain), which collective_calls.py and p2p_calls.py read in place, sparing a call of describe() per buffer
 ARRAYS = set()
 DTYPE_NAMES = {}  # dtype -> its name, as dtype_name() gives it
 

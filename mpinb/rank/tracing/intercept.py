@@ -12,24 +12,18 @@ stay constants: they pickle by name (``loads(dumps(MPI.COMM_WORLD)) is MPI.COMM_
 them usable, as in mpi4py. A communicator made before :func:`install`, or by a library through mpi4py's C API,
 is not seen. Python-level interception was measured against the MPI profiling interface: see docs/traces.md.
 
-Here the traced classes are built and installed; the methods they hold are in ``calls.py``, where each call keeps
-its arguments in ``arguments.py``, and which communicators are traced in ``comms.py``.
+Here the traced classes are built and installed; the methods they hold are in ``collective_calls.py``,
+``p2p_calls.py`` and ``calls.py``, where each call keeps its arguments in ``arguments.py``, and which
+communicators are traced in ``comms.py``.
 """
 
 import copyreg
 
 from . import comms, ledger
 from .arguments import BUFFER_COLLECTIVES, NONBLOCKING_P2P, OBJECT_COLLECTIVES, POINT_TO_POINT, op_names, peer_text
-from .calls import (
-    buffer_collective,
-    maker,
-    named_like,
-    nonblocking_p2p,
-    object_collective,
-    point_to_point,
-    record_span,
-    stuck_p2p,
-)
+from .calls import maker, named_like, record_span
+from .collective_calls import buffer_collective, object_collective
+from .p2p_calls import nonblocking_p2p, point_to_point, stuck_p2p
 from .comms import adopt, world_members
 
 _state = ledger.state

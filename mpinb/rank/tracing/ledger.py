@@ -45,8 +45,8 @@ class State:
     def __init__(self):
         self.ledgers = {}  # communicator name -> Ledger
         self.comms = {}  # communicator name -> weak reference to the traced communicator
-        self.p2p = None  # the blocking point-to-point call the main thread is in (see calls.point_to_point)
-        # what describes it for a roll call (calls.stuck_p2p, set by intercept.install: this module, the lowest of
+        self.p2p = None  # the blocking point-to-point call the main thread is in (see p2p_calls.point_to_point)
+        # what describes it for a roll call (p2p_calls.stuck_p2p, set by intercept.install: this module, the lowest of
         # the tracing, knows nothing of the calls' arguments)
         self.describe_p2p = None
         self.note_p2p = True  # note it (False only to measure what noting costs: benchmarks/healthy.py)
@@ -73,7 +73,7 @@ class State:
     def enter(self, ledger, seq, signature, start, fields=None):
         """The main thread waits in collective *seq* of *ledger* from *start* (ns) on. *fields*: what
         :func:`mirrored` gave for *ledger* and *signature*, kept by a caller that enters the same kind of collective
-        again and again, or ``None``. (``calls.py``'s collectives do what this and :meth:`leave` do in place.)"""
+        again and again, or ``None``. (``collective_calls.reduction`` does what :meth:`leave` does in place.)"""
         self.current = (ledger, seq, signature, start)
         mirror = self.mirror
         if mirror is not None:  # one write (the reader looks only at ranks that have waited a second in it)

@@ -44,19 +44,7 @@ def install(module):
     @functools.wraps(made)
     def __init__(self, *args, **kwargs):
         made(self, *args, **kwargs)
-        models.add(self)
-        replicas.watch(self)
-        if getattr(self, "reducer", None) is None:
-            return
-        grads = [parameter for parameter in self.parameters() if parameter.requires_grad]
-        dtypes = {parameter.dtype for parameter in grads}
-        dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None
-        import torch.distributed as dist
-
-        # its ledger, named now: a rank that destroys its default group after its last step still stands in for
-        # this model's steps on the group it has kept (the name torch gives it then is no longer "default")
-        _steps[self] = [sum(parameter.numel() for parameter in grads), dtype, None,
-                        trace_torch.group_name(dist, self.process_group)]
+        _watch(self)
 
     before = ddp._pre_forward
 
@@ -92,6 +80,24 @@ def install(module):
     ddp._post_forward = _post_forward
     ddp._match_all_reduce_for_bwd_pass = _match_all_reduce_for_bwd_pass
     _original_match.append(match)
+
+
+def _watch(model):
+    """A DDP *model* just made: among the models, its replicas watched, and what its steps are noted as (their
+    gradients' size and dtype, and its group's ledger)."""
+    models.add(model)
+    replicas.watch(model)
+    if getattr(model, "reducer", None) is None:
+        return
+    grads = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    dtypes = {parameter.dtype for parameter in grads}
+    dtype = str(next(iter(dtypes))).replace("torch.", "") if len(dtypes) == 1 else None
+    import torch.distributed as dist
+
+    # its ledger, named now: a rank that destroys its default group after its last step still stands in for this
+    # model's steps on the group it has kept (the name torch gives it then is no longer "default")
+    _steps[model] = [sum(parameter.numel() for parameter in grads), dtype, None,
+                     trace_torch.group_name(dist, model.process_group)]
 
 
 class Step:
