@@ -2,31 +2,22 @@
 averaged in fused buckets with buffer-based MPI (the tensors' memory, no pickling), optionally compressed to fp16
 or overlapped with the backward pass. Every function is collective over *comm* (default ``MPI.COMM_WORLD``) and
 checks first that every rank holds the same parameters with gradients in the same places, so a mismatch (or bad
-input on any rank) is an error on every rank instead of a deadlock (``agreement.py``). Tensors travel as flat
-buffers (``flat_buffers.py``); an optimizer's state as in ``optimizer_state.py``.
+input on any rank) is an error on every rank instead of a deadlock (``agreement.py``), with what each rank was
+given checked in ``arguments.py``. Tensors travel as flat buffers (``flat_buffers.py``); an optimizer's state as in
+``optimizer_state.py``.
 """
-
-import operator
-from collections.abc import Mapping
 
 import torch
 
 from .. import replicas
 from ..tracing import api_call, own_check
 from .agreement import agree, parameter_signature, signature_digest
+from .arguments import ROOT, named_tensors, not_an_optimizer, parameters_of, root_of, world
 from .flat_buffers import buckets_of, chunks, flatten, mpi_buffer, unflatten, wire_buffer
 from .optimizer_state import optimizer_signature, share_skeleton, with_tensors
 
 
-class _DefaultRoot(int):
-    """The default ``root=0`` (shown as 0), told apart from an explicit one so that ``root_rank=1`` can replace it
-    while ``root=0, root_rank=1`` is an error."""
-
-
-_ROOT = _DefaultRoot(0)
-
-
-def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
+def broadcast_parameters(params, root=ROOT, *, root_rank=None, comm=None):
     """Give every rank rank *root*'s tensors, copied into each rank's own tensors in place (Horovod's
     ``broadcast_parameters``). Collective over *comm*: every rank calls it with the same names, shapes and dtypes.
 
@@ -64,9 +55,9 @@ def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
         mt.broadcast_parameters(model.state_dict(), root_rank=0)
         print(model.weight.sum())                              # the same on every rank
     """
-    comm = _world(comm)
-    root, problem = _root(root, root_rank, comm)
-    named, bad_params = _named_tensors(params)
+    comm = world(comm)
+    root, problem = root_of(root, root_rank, comm)
+    named, bad_params = named_tensors(params)
     with api_call("broadcast_parameters", comm):
         agree(comm, "broadcast_parameters", parameter_signature(named, grads=False), problem=problem or bad_params,
                same={"root": root})
@@ -75,7 +66,7 @@ def broadcast_parameters(params, root=_ROOT, *, root_rank=None, comm=None):
         replicas.watch(params)
 
 
-def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=None):
+def broadcast_optimizer_state(optimizer, root=ROOT, *, root_rank=None, comm=None):
     """Give every rank's *optimizer* rank *root*'s state (Horovod's ``broadcast_optimizer_state``): the
     per-parameter state (Adam's ``step``, ``exp_avg``, ``exp_avg_sq``, SGD's momentum buffers, ...) and every
     param group's hyperparameters (``lr``, ``betas``, ``weight_decay``, ...), as ``load_state_dict`` of root's
@@ -118,14 +109,14 @@ def broadcast_optimizer_state(optimizer, root=_ROOT, *, root_rank=None, comm=Non
         mt.broadcast_optimizer_state(opt, root_rank=0)
         print(opt.state_dict()["state"][0]["step"])            # tensor(1.) on every rank
     """
-    comm = _world(comm)
-    root, problem = _root(root, root_rank, comm)
+    comm = world(comm)
+    root, problem = root_of(root, root_rank, comm)
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     if isinstance(inner, torch.optim.Optimizer):
         signature = optimizer_signature(inner)
     else:
         signature = []
-        problem = problem or _not_an_optimizer(optimizer)
+        problem = problem or not_an_optimizer(optimizer)
     what = "broadcast_optimizer_state"
     with api_call(what, comm):
         agree(comm, what, signature, problem=problem, same={"root": root, "optimizer": type(inner).__name__})
@@ -161,9 +152,9 @@ def allreduce_gradients(model, average=True, bucket_mb=25, *, compression=None, 
         mt.allreduce_gradients(model)      # every rank now holds the average gradient
         opt.step()
     """
-    comm = _world(comm)
+    comm = world(comm)
     replicas.watch(model)
-    named = [(name, p) for name, p in _named(model) if p.requires_grad]
+    named = [(name, p) for name, p in parameters_of(model) if p.requires_grad]
     with api_call("allreduce_gradients", comm):
         agree(comm, "allreduce_gradients", parameter_signature(named))
         _allreduce_buckets(comm, named, average, bucket_mb, compression)
@@ -210,10 +201,10 @@ class GradientAllreducer:
     """
 
     def __init__(self, model, average=True, bucket_mb=25, *, compression=None, comm=None):
-        self.comm = _world(comm)
+        self.comm = world(comm)
         self.check = self.comm.Dup()  # agreement checks must not interleave with the pending Iallreduces
         self.average, self.compression = average, compression
-        self.named = [(name, p) for name, p in _named(model) if p.requires_grad]
+        self.named = [(name, p) for name, p in parameters_of(model) if p.requires_grad]
         agree(self.check, "GradientAllreducer", parameter_signature(self.named, grads=False))
         replicas.watch(model)
         self.buckets = buckets_of(self.named, bucket_bytes=bucket_mb << 20)
@@ -328,14 +319,6 @@ class DistributedOptimizer:
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _world(comm):
-    if comm is None:
-        from mpi4py import MPI
-
-        comm = MPI.COMM_WORLD
-    return comm
-
-
 def _IN_PLACE():
     from mpi4py import MPI
 
@@ -367,81 +350,6 @@ def _Request():
     return MPI.Request
 
 
-def _root(root, root_rank, comm):
-    """``(root, None)`` from :func:`broadcast_parameters`' *root* and *root_rank*, or ``(None, problem)``."""
-    name = "root"
-    if root_rank is not None:
-        if root is not _ROOT and root != root_rank:
-            return None, ValueError(f"root={root!r} and root_rank={root_rank!r} disagree: give one of them "
-                                    "(root_rank is Horovod's name for root)")
-        root, name = root_rank, "root_rank"
-    try:
-        root = operator.index(root)
-    except TypeError:
-        return None, TypeError(f"{name} must be a rank (an int), not {_a(root)}")
-    if not 0 <= root < comm.size:
-        from ...wire.ranks import label_ranks
-
-        return None, ValueError(f"{name}={root} is not a rank of comm ({label_ranks(range(comm.size))})")
-    return root, None
-
-
-_PARAMS = ("a torch.nn.Module, a dict of tensors (a state_dict), or an iterable of tensors or of (name, tensor) "
-           "pairs such as model.named_parameters()")
-
-
-def _named_tensors(params):
-    """``([(name, tensor)], None)`` for what :func:`broadcast_parameters` takes, or ``([], problem)``."""
-    if isinstance(params, torch.Tensor):
-        return [("tensor", params)], None
-    if isinstance(params, torch.nn.Module):
-        return list(params.named_parameters()) + list(params.named_buffers()), None
-    if isinstance(params, (torch.optim.Optimizer, DistributedOptimizer)):
-        return [], TypeError(f"params must be {_PARAMS}, not an optimizer; for an optimizer's state use "
-                             "broadcast_optimizer_state(optimizer)")
-    if isinstance(params, Mapping):
-        named = sorted(((str(key), value) for key, value in params.items()), key=lambda item: item[0])
-        wrong = [(name, value) for name, value in named if not isinstance(value, torch.Tensor)]
-        if wrong:
-            listed = ", ".join(f"params[{name!r}] is {_a(value)}" for name, value in wrong[:3])
-            more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
-            return [], TypeError(
-                f"{listed}{more}, not a tensor: broadcast_parameters copies root's tensors into every rank's in "
-                "place, which only tensors can take. Pass the model itself (parameters and buffers), or leave such "
-                "entries out ({k: v for k, v in params.items() if torch.is_tensor(v)}) and send them with "
-                "comm.bcast(obj, root=...)")
-        return named, None
-    try:
-        items = list(params)
-    except TypeError:
-        return [], TypeError(f"params must be {_PARAMS}, not {_a(params)}")
-    named = []
-    for i, item in enumerate(items):
-        if isinstance(item, torch.Tensor):
-            named.append((str(i), item))
-        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor):
-            named.append((str(item[0]), item[1]))
-        else:
-            return [], TypeError(f"item {i} of params is {_a(item)}, not a tensor or a (name, tensor) pair; "
-                                 f"params must be {_PARAMS}")
-    return named, None
-
-
-def _not_an_optimizer(optimizer):
-    """Why *optimizer*, not a ``torch.optim.Optimizer``, cannot have its state broadcast (a ``TypeError``)."""
-    return TypeError(
-        f"optimizer must be a torch.optim.Optimizer (or an mpinb.torch.DistributedOptimizer), not "
-        f"{_a(optimizer)}; pass the optimizer itself, e.g. torch.optim.Adam(model.parameters())"
-        + ("; for a model's weights use broadcast_parameters(model)" if isinstance(optimizer, torch.nn.Module)
-           else ""))
-
-
-def _a(value):
-    """``"an int"``, ``"a str"``: what *value* is, for messages."""
-    name = type(value).__name__
-    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
-
-
 def _broadcast(comm, named, root, *, slot):
     """Copy root's tensors into every rank's *named* tensors, in buckets of one dtype (buffer-based Bcast)."""
     with torch.no_grad():
@@ -451,12 +359,3 @@ def _broadcast(comm, named, root, *, slot):
             comm.Bcast(mpi_buffer(flat, moving_only=True), root=root)
             if comm.rank != root:
                 unflatten(flat, tensors)
-
-
-def _named(model):
-    if hasattr(model, "named_parameters"):
-        return list(model.named_parameters())
-    items = list(model)
-    if items and isinstance(items[0], tuple):
-        return items
-    return [(str(i), tensor) for i, tensor in enumerate(items)]
