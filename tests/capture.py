@@ -7,6 +7,7 @@ import threading
 import time
 
 from scapy.all import IP, TCP, Ether, rdpcap, wrpcap
+from waiting import wait_for
 
 _capture = None
 
@@ -48,9 +49,9 @@ def stop(path, until=None, timeout=30):
     """End the capture, once a frame holding the bytes *until* went by (for up to *timeout* s: a packet sent just
     before may wait for its address to be resolved); write it to *path* (pcap) and return the number of frames."""
     global _capture
-    deadline = time.monotonic() + timeout
-    while until is not None and time.monotonic() < deadline and not any(until in f for f in list(_capture.frames)):
-        time.sleep(0.05)
+    if until is not None:
+        wait_for(lambda: any(until in f for f in list(_capture.frames)), f"a frame holding {until!r}", timeout,
+                 required=False)
     _capture.stopping = True
     _capture.join()
     frames, _capture = _capture.frames, None
@@ -121,17 +122,23 @@ def refused(timeout=60):
 
     failed = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
               | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-    deadline = time.monotonic() + timeout
-    while monitor.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-        event = recv_monitor_message(monitor)
-        if event["event"] & failed:
-            return zmq.Event(event["event"]).name
-    return None
+
+    def refusal():
+        if monitor.poll(100):
+            event = recv_monitor_message(monitor)
+            if event["event"] & failed:
+                return zmq.Event(event["event"]).name
+        return None
+
+    return wait_for(refusal, "a refused handshake", timeout, interval=0, required=False)
 
 
 def dropped(channel, timeout=60):
     """Read *channel* until its verifier has dropped a message (a replay arriving); what it dropped, by reason."""
-    deadline = time.monotonic() + timeout
-    while not channel.verifier.rejected and time.monotonic() < deadline:
+
+    def rejected():
         channel.receive(0.1)
+        return channel.verifier.rejected
+
+    wait_for(rejected, "a dropped message", timeout, interval=0, required=False)
     return dict(channel.verifier.rejected)

@@ -3,7 +3,8 @@
 
 import queue
 import threading
-import time
+
+from waiting import wait_for
 
 # what JupyterLab's debugger sends first (its service's ``start``)
 INITIALIZE = {"clientID": "jupyterlab", "clientName": "JupyterLab", "adapterID": "python", "pathFormat": "path",
@@ -46,11 +47,15 @@ class DebugClient:
         content = {"type": "request", "seq": self.seq, "command": command, "arguments": arguments}
         message = self.client.session.msg("debug_request", content)
         self.client.control_channel.send(message)
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = self.client.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
-                return reply["content"]
+
+        def reply():
+            try:
+                answer = self.client.control_channel.get_msg(timeout=0.1)
+            except queue.Empty:
+                return None
+            return answer["content"] if answer["parent_header"].get("msg_id") == message["header"]["msg_id"] else None
+
+        return wait_for(reply, f"the answer to the debug request {command!r}", timeout, interval=0)
 
     def start(self):
         """Switch the debugger on as JupyterLab does: initialize, attach, debugInfo."""
@@ -109,14 +114,15 @@ class DebugClient:
 
     def event(self, name, timeout=60):
         """The next event called *name* (others before it are dropped), or ``None`` after *timeout* seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def named():
             try:
-                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                event = self.events.get(timeout=0.1)
             except queue.Empty:
                 return None
-            if event.get("event") == name:
-                return event
+            return event if event.get("event") == name else None
+
+        return wait_for(named, f"a {name!r} event", timeout, interval=0, required=False)
 
     def close(self):
         self.closing = True
@@ -140,10 +146,10 @@ class Panel:
     def stop(self, timeout=60):
         """Take the events up to the next ``stopped`` one as the panel does; that event's body (``None`` when
         nothing stopped within *timeout* seconds)."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def stopped():
             try:
-                event = self.dap.events.get(timeout=max(0.0, deadline - time.monotonic()))
+                event = self.dap.events.get(timeout=0.1)
             except queue.Empty:
                 return None
             if event.get("event") == "continued":
@@ -151,6 +157,9 @@ class Panel:
             elif event.get("event") == "stopped":
                 self._frames(event["body"]["threadId"])
                 return event["body"]
+            return None
+
+        return wait_for(stopped, "a 'stopped' event", timeout, interval=0, required=False)
 
     def _frames(self, thread):
         frames = self.dap.request("stackTrace", threadId=thread)["body"]["stackFrames"]

@@ -45,7 +45,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -334,9 +333,8 @@ class Hosts:
         none is). A world's processes on other hosts end after the notebook's ``mpiexec`` does, through ssh (the
         proxy there ends its ranks, each given a few seconds to end): the check waits for that, and names what is
         left when it does not happen."""
-        deadline = time.monotonic() + within
-        while any(self.pids_on(i) for i in range(self.n)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: not any(self.pids_on(i) for i in range(self.n)), "no process left on the hosts", within,
+                 0.1, required=False)
         left = {}
         for i in range(self.n):
             for pid in self.pids_on(i):
@@ -379,19 +377,18 @@ class Hosts:
         def alive():
             return [pid for inode in inodes for pid in pids_in_netns(inode)]
 
-        deadline = time.monotonic() + timeout
-        while True:
+        left = []
+
+        def all_gone():  # each time: kill what is still there
             for process in self._started:  # reap what already ended, so that zombies are not counted
                 process.poll()
-            pids = alive()
-            if not pids:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"processes still on the hosts after {timeout} s: {pids}")
-            for pid in pids:
+            left[:] = alive()
+            for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+            return not left
+
+        wait_for(all_gone, lambda: f"the processes on the hosts to end (still there: {left})", timeout)
         for process in self._started:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)

@@ -19,6 +19,7 @@ import uuid
 from jupyter_server.services.kernels.connection.base import deserialize_binary_message
 from nbformat.v4 import output_from_msg
 from tornado.websocket import websocket_connect
+from waiting import wait_for
 
 RATE_LIMIT_WARNINGS = ("IOPub message rate exceeded", "IOPub data rate exceeded")
 
@@ -47,12 +48,11 @@ class JupyterServer:
         env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
         self.log = open(os.path.join(self.root, "jupyter-server.log"), "w")
         self.process = subprocess.Popen(self.args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while self._status() is None:
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"jupyter server did not start; see {self.log.name}")
-            time.sleep(0.2)
+        answered = wait_for(lambda: self._status() is not None or self.process.poll() is not None,
+                            "jupyter server to answer or exit", 60, 0.2, required=False)
+        if not answered or self.process.poll() is not None:
+            self.__exit__()
+            raise RuntimeError(f"jupyter server did not start; see {self.log.name}")
         return self
 
     def __exit__(self, *exc):
@@ -105,19 +105,22 @@ class Kernel:
                         "allow_stdin": False, "stop_on_error": True},
         }))
         received = []
-        deadline = time.monotonic() + timeout
-        while True:
-            raw = await asyncio.wait_for(self.connection.read_message(), max(0.1, deadline - time.monotonic()))
-            if raw is None:
-                raise ConnectionError("the server closed the kernel's websocket")
-            message = deserialize_binary_message(raw) if isinstance(raw, bytes) else json.loads(raw)
-            message["wire_bytes"] = len(raw)
-            if message.get("channel") != "iopub":
-                continue
-            received.append((time.monotonic(), message))
-            if (message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
-                    and message["parent_header"].get("msg_id") == msg_id):
-                return received
+
+        async def until_idle():
+            while True:
+                raw = await self.connection.read_message()
+                if raw is None:
+                    raise ConnectionError("the server closed the kernel's websocket")
+                message = deserialize_binary_message(raw) if isinstance(raw, bytes) else json.loads(raw)
+                message["wire_bytes"] = len(raw)
+                if message.get("channel") != "iopub":
+                    continue
+                received.append((time.monotonic(), message))
+                if (message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
+                        and message["parent_header"].get("msg_id") == msg_id):
+                    return received
+
+        return await asyncio.wait_for(until_idle(), timeout)  # the whole read, one timeout
 
     async def close(self):
         self.connection.close()

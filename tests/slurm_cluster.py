@@ -13,8 +13,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from waiting import wait_for
 
 PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")  # libpmix-dev: the libpmix.so Slurm's pmix plugin loads
 PMIX = "/usr/lib/*/pmix2/lib/libpmix.so"  # where Debian's libpmix-dev puts it
@@ -122,10 +123,11 @@ class SlurmCluster:
             self._daemon("munged", "-F", f"--key-file={key}", f"--socket={munge}/munge.sock",
                          f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
                          f"--seed-file={munge}/munged.seed")
-            self._wait(lambda: (munge / "munge.sock").exists(), timeout, "munged to open its socket")
+            wait_for(lambda: (munge / "munge.sock").exists(), _said("munged to open its socket", self.root), timeout,
+                     0.1)
             self._daemon("slurmctld", "-D", "-i", "-f", str(self.conf))
             self._daemon("slurmd", "-D", "-f", str(self.conf))
-            self._wait(self._node_idle, timeout, "the node to become idle")
+            wait_for(self._node_idle, _said("the node to become idle", self.root), timeout, 0.1)
         except BaseException:
             self.stop()
             raise
@@ -148,8 +150,8 @@ class SlurmCluster:
             jobs = [job for job, *_ in self.squeue()]
             if jobs:
                 self.command("scancel", *jobs)
-            self._wait(lambda: not self.squeue() and not self._step_sockets(), 30, "the queue to empty",
-                       fail=False)
+            wait_for(lambda: not self.squeue() and not self._step_sockets(), "the queue to empty", 30, 0.1,
+                     required=False)
         # a job step still running keeps its socket in this cluster's own spool: it would outlive slurmd
         self.steps_left = [path.name for path in self._step_sockets()]
         for name in ("slurmd", "slurmctld", "munged"):
@@ -186,16 +188,6 @@ class SlurmCluster:
     def _step_sockets(self):
         spool = self.root / "spool" / self.host
         return [path for path in spool.glob("*") if path.is_socket()]
-
-    def _wait(self, ready, timeout, what, fail=True):
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if time.monotonic() > deadline:
-                if fail:
-                    raise TimeoutError(f"waited {timeout} s for {what}; logs in {self.root / 'log'}")
-                return False
-            time.sleep(0.1)
-        return True
 
 
 def _user():
@@ -291,11 +283,12 @@ class SlurmNodes:
             self._daemon("munged", None, "-F", f"--key-file={key}", f"--socket={munge}/munge.sock",
                          f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
                          f"--seed-file={munge}/munged.seed")
-            _wait(lambda: (munge / "munge.sock").exists(), timeout, "munged to open its socket", self.root)
+            wait_for(lambda: (munge / "munge.sock").exists(), _said("munged to open its socket", self.root), timeout,
+                     0.2)
             self._daemon("slurmctld", self.controller, "-D", "-i", "-f", str(self.conf))
             for i in self.nodes:
                 self._daemon(f"slurmd-{hosts.names[i]}", i, "-D", "-N", hosts.names[i], "-f", str(self.conf))
-            _wait(self._nodes_idle, timeout, "every node to become idle", self.root)
+            wait_for(self._nodes_idle, _said("every node to become idle", self.root), timeout, 0.2)
         except BaseException:
             self.stop()
             raise
@@ -332,15 +325,15 @@ class SlurmNodes:
                 self.command("scontrol", "update", f"NodeName={name}", "State=RESUME")  # as an administrator would
             return self._nodes_idle()
 
-        _wait(idle, timeout, f"every node to become idle again (they were {self.node_states()}, the queue "
-              f"{self.squeue()})", self.root)
+        wait_for(idle, lambda: _said(f"every node to become idle again (they are {self.node_states()}, the queue "
+                                     f"{self.squeue()})", self.root), timeout, 0.2)
 
     def stop(self):
         if "slurmctld" in self.processes and self.processes["slurmctld"].poll() is None:
             jobs = [job for job, *_ in self.squeue()]
             if jobs:
                 self.command("scancel", *jobs)
-            _wait(lambda: not self.squeue(), 30, "the queue to empty", self.root, fail=False)
+            wait_for(lambda: not self.squeue(), "the queue to empty", 30, 0.2, required=False)
         for name in sorted(self.processes, key=lambda name: ("slurmd" not in name, name == "munged")):
             daemon = self.processes.pop(name)
             if daemon.poll() is not None:
@@ -389,12 +382,6 @@ class SlurmNodes:
         return sorted(states) == sorted(self.names) and set(states.values()) == {"idle"}
 
 
-def _wait(ready, timeout, what, root, fail=True):
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            if fail:
-                raise TimeoutError(f"waited {timeout} s for {what}; logs in {root / 'log'}")
-            return False
-        time.sleep(0.2)
-    return True
+def _said(what, root):
+    """*what* a wait was for, with where the daemons' logs are."""
+    return f"{what}; logs in {root / 'log'}"

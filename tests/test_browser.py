@@ -17,6 +17,7 @@ import nbformat
 import pytest
 from conftest import leftover_ranks, new_world_tag
 from lab_server import JupyterServer
+from waiting import wait_for
 from test_notebooks import NOTEBOOKS
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
@@ -66,14 +67,8 @@ def run(cell, page, *, wait):
 def ran(cell, *, timeout=60, fail=True):
     """Wait until *cell* has run (its prompt shows a number); with *fail*, an error if it has not by *timeout*."""
     prompt = cell.locator(".jp-InputPrompt").first
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()):
-            return True
-        time.sleep(0.2)
-    if fail:
-        raise AssertionError(f"the cell did not run in {timeout} s: {cell.inner_text()[:200]!r}")
-    return False
+    return wait_for(lambda: re.fullmatch(r"\[\d+\]:", prompt.inner_text().strip()),
+                    lambda: f"the cell to run: {cell.inner_text()[:200]!r}", timeout, 0.2, required=fail) is not None
 
 
 def lab_settings(directory):
@@ -158,19 +153,16 @@ def test_live_loss_chart_renders_a_curve_per_rank_in_jupyterlab(tmp_path, monkey
     tag = new_world_tag()
     with notebook_in_lab(root, NOTEBOOK, tmp_path, monkeypatch, viewport={"width": 1400, "height": 1000},
                          screenshot="jupyterlab-live-loss-per-rank.png") as (page, cells):
-        deadline = time.monotonic() + 30
-        while cells.count() < len(sources) and time.monotonic() < deadline:
-            time.sleep(0.2)  # cells are attached in batches after the notebook shows
+        # cells are attached in batches after the notebook shows
+        wait_for(lambda: cells.count() >= len(sources), "every cell on the page", 30, 0.2)
         assert cells.count() == len(sources), "every cell should be on the page (windowingMode none)"
         page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
         for index in range(training + 1):  # run every cell up to the training cell, in order, as a reader would
             run(cells.nth(index), page, wait=index < training)
         output = cells.nth(training).locator(".jp-OutputArea")
         output.get_by_text("[rank 1] test accuracy").wait_for(timeout=120_000)
-        deadline = time.monotonic() + 30
-        while sorted(rank_curves(output)) != [256, 256] and time.monotonic() < deadline:
-            time.sleep(0.25)
-        curves = rank_curves(output)
+        curves = wait_for(lambda: sorted(rank_curves(output)) == [256, 256] and rank_curves(output),
+                          lambda: f"a curve of 256 points per rank (drawn: {rank_curves(output)})", 30, 0.25)
         output.scroll_into_view_if_needed()
         legend = output.locator(".bqplot .g_legend .legendtext").evaluate_all(
             "texts => texts.map(t => t.textContent)")
@@ -276,15 +268,12 @@ def answer(output, prompt, line, *, timeout=60):
     before = output.evaluate(ECHOES, echo)
     box = pending.locator("input.jp-Stdin-input").element_handle()  # this box, not whichever is pending later
     box.fill(line)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def echoed():  # Enter, then up to 5 s for the echo
         box.press("Enter")
-        again = time.monotonic() + 5
-        while time.monotonic() < min(again, deadline):
-            if output.evaluate(ECHOES, echo) > before:
-                return
-            time.sleep(0.1)
-    raise AssertionError(f"{echo!r} did not show in the cell's outputs in {timeout} s")
+        return wait_for(lambda: output.evaluate(ECHOES, echo) > before, "the echo", 5, 0.1, required=False)
+
+    wait_for(echoed, f"{echo!r} to show in the cell's outputs", timeout, interval=0)
 
 
 def test_post_mortem_and_who_in_jupyterlab(tmp_path, monkeypatch):
@@ -337,9 +326,8 @@ def test_a_saved_notebook_shows_every_result_after_a_reload_with_a_fresh_kernel(
             run(cells.nth(index), page, wait=True)
         live_errors = list(page.console_errors)
         page.keyboard.press("Control+s")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "image/png" not in (root / "saved.ipynb").read_text():
-            time.sleep(0.2)
+        wait_for(lambda: "image/png" in (root / "saved.ipynb").read_text(),
+                 "the notebook saved with its charts' images", 30, 0.2)
         cells.nth(0).locator(".jp-InputPrompt").first.click()
         page.keyboard.press("Escape")
         page.keyboard.press("0")
@@ -350,9 +338,7 @@ def test_a_saved_notebook_shows_every_result_after_a_reload_with_a_fresh_kernel(
         page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         reopened = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
-        deadline = time.monotonic() + 30
-        while reopened.count() < len(SAVED) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: reopened.count() >= len(SAVED), "every cell on the page again", 30, 0.2)
         time.sleep(2)  # give a widget renderer the time to fail, if any output still asked for one
         images = [reopened.nth(i).locator(".jp-OutputArea img").count() for i in range(len(SAVED))]
         tables = [reopened.nth(i).locator(".jp-OutputArea table").count() for i in range(len(SAVED))]

@@ -11,11 +11,11 @@ its own.
 import contextlib
 import os
 import shutil
-import time
 
 import nbformat
 import pytest
 from conftest import leftover_ranks, new_world_tag
+from waiting import wait_for
 from test_browser import ARTIFACTS, lab, notebook_page, run
 from test_notebooks import NOTEBOOKS
 
@@ -62,9 +62,7 @@ def test_each_tutorial_runs_in_jupyterlab_without_a_console_error(name, tutorial
         stack.callback(shut_down, server, name)
         page, cells = stack.enter_context(notebook_page(server, browser, name, screenshot=f"tutorial-{stem}.png",
                                                         viewport={"width": 1300, "height": 1400}))
-        deadline = time.monotonic() + 30
-        while cells.count() < count and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_for(lambda: cells.count() >= count, "every cell on the page", 30, 0.2)
         page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
         for index in range(count):
             run(cells.nth(index), page, wait=True)

@@ -7,6 +7,7 @@ import threading
 import pytest
 from cells import DEADLOCK
 from conftest import assert_all_gone, world_processes
+from waiting import wait_for
 
 from mpinb.errors import MPIError, RankError
 
@@ -118,7 +119,6 @@ def test_a_rank_told_to_end_while_busy_in_a_cell_ends_and_is_named(ip, world_of,
     now and the cell says how."""
     import os
     import signal
-    import time
 
     import psutil
 
@@ -127,9 +127,7 @@ def test_a_rank_told_to_end_while_busy_in_a_cell_ends_and_is_named(ip, world_of,
     launcher = psutil.Process(world.identities[2]["pid"]).parent()  # what mpiexec started: rank/launch.py
 
     def terminate_when_busy():
-        deadline = time.monotonic() + 60
-        while not mark.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(mark.exists, "rank 2 busy in the cell", 60, required=False)
         os.kill(launcher.pid, signal.SIGTERM)
 
     sender = threading.Thread(target=terminate_when_busy, daemon=True)

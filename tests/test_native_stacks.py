@@ -7,10 +7,10 @@ import json
 import re
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from mpinb.notebook.diagnosis.native import py_spy
 from mpinb.wire.ranks import parse_ranks
@@ -50,15 +50,14 @@ def stacks_until(ip, capsys, line, seen, *, then=None, timeout=60):
     s pass); *then* is called after, either way. Returns a list that holds the last output once the thread ends."""
     shown = []
 
+    def asked():
+        ip.run_line_magic("mpi", line)
+        shown[:] = [capsys.readouterr().out]
+        return seen in shown[0]
+
     def ask():
         try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                ip.run_line_magic("mpi", line)
-                shown[:] = [capsys.readouterr().out]
-                if seen in shown[0]:
-                    return
-                time.sleep(0.2)
+            wait_for(asked, f"%mpi {line} to show {seen!r}", timeout, 0.2, required=False)
         finally:
             if then is not None:
                 then()

@@ -4,10 +4,10 @@ move, a rank's stacks come back, a reload shows the same world at once, and Stop
 Screenshots of the panel go to test-artifacts/ (mpi-panel-light.png, mpi-panel-dark.png)."""
 
 import re
-import time
 
 import pytest
 from conftest import leftover_ranks, new_world_tag
+from waiting import wait_for
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
 
@@ -23,17 +23,6 @@ CELLS = ["%load_ext mpinb",
          "        time.sleep(0.8)  # the straggler\n    loss = comm.allreduce(1.0 / (step + 1))\n"
          "    mpinb.report(step=step, loss=loss + 0.1 * rank)\n",
          "print('after')"]
-
-
-def wait_for(condition, what, timeout=60):
-    """Wait until *condition()* is true (checked every 0.1 s); fail naming *what* after *timeout* s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def open_panel(page):
@@ -110,13 +99,13 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
             test_browser.run(cells.nth(0), page, wait=True)
             test_browser.run(cells.nth(1), page, wait=True)
             wait_for(lambda: [state for state, _, _ in rows_state(panel).values()] == ["idle"] * 3,
-                     "three idle rows once the world started")
+                     "three idle rows once the world started", 60)
             heading = panel.locator(".mpinb-Panel-title").inner_text()
             assert "3 ranks" in heading and "MPICH" in heading, heading
             assert "via " in panel.locator(".mpinb-Panel-details").inner_text()
 
             test_browser.run(cells.nth(2), page, wait=False)
-            rows = wait_for(lambda: straggler_marked(panel), "the slow rank marked as holding up the others")
+            rows = wait_for(lambda: straggler_marked(panel), "the slow rank marked as holding up the others", 60)
             assert re.search(r"holding up ranks 0, 2: they wait in allreduce #\d+ on COMM_WORLD", rows[SLOW][2]), rows
             assert rows[SLOW][1] == "running In[3] at line 7", rows
             for rank in (0, 2):
@@ -124,11 +113,11 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
                                 rows[rank][1]), rows
             usage = row(panel, 0).locator(".mpinb-Panel-usage").inner_text()
             assert re.fullmatch(r"CPU \d+% · [\d.]+ (MiB|GiB)", usage), usage
-            first = wait_for(lambda: spark(panel, 0), "a sparkline of rank 0's loss")
-            wait_for(lambda: spark(panel, 0) != first, "the sparkline moving as the loss is reported")
+            first = wait_for(lambda: spark(panel, 0), "a sparkline of rank 0's loss", 60)
+            wait_for(lambda: spark(panel, 0) != first, "the sparkline moving as the loss is reported", 60)
             assert row(panel, 0).locator(".mpinb-Panel-loss").inner_text().startswith("loss ")
 
-            wait_for(lambda: straggler_marked(panel), "the straggler marked again")
+            wait_for(lambda: straggler_marked(panel), "the straggler marked again", 60)
             panel.screenshot(path=str(shots / "mpi-panel-light.png"))
             assert low_contrast(panel) == []
 
@@ -141,10 +130,10 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
 
             # restart is refused while the cell runs, and says why
             panel.locator("button[data-action='restart']").click()
-            wait_for(lambda: "Restart refused: a cell is running" in message.inner_text(), "restart refused")
+            wait_for(lambda: "Restart refused: a cell is running" in message.inner_text(), "restart refused", 60)
 
             use_theme(page, "JupyterLab Dark")
-            wait_for(lambda: straggler_marked(panel), "the straggler marked in the dark theme")
+            wait_for(lambda: straggler_marked(panel), "the straggler marked in the dark theme", 60)
             panel.screenshot(path=str(shots / "mpi-panel-dark.png"))
             assert low_contrast(panel) == []
 
@@ -165,14 +154,14 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
 
             message = panel.locator(".mpinb-Panel-message")
             panel.locator("button[data-action='stop']").click()
-            wait_for(lambda: "nothing to stop" in message.inner_text(), "Stop refused when no cell runs")
+            wait_for(lambda: "nothing to stop" in message.inner_text(), "Stop refused when no cell runs", 60)
             panel.locator("button[data-action='clear']").click()
             wait_for(lambda: "%mpi inject clear\n" in message.inner_text() and "running" not in message.inner_text(),
-                     "%mpi inject clear run from the panel")
+                     "%mpi inject clear run from the panel", 60)
             # the rank JupyterLab's debugger panel shows, chosen from its row (as %mpi debug --rank 1)
             row(panel, SLOW).locator("button[data-action='debug']").click()
             wait_for(lambda: "%mpi debug --rank 1\n" in message.inner_text() and "running" not in message.inner_text(),
-                     "%mpi debug --rank 1 run from the panel")
+                     "%mpi debug --rank 1 run from the panel", 60)
             assert "JupyterLab's debugger panel shows rank 1 when it stops at a breakpoint" in message.inner_text()
             errors = list(page.console_errors)
     assert errors == [], errors

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from IPython.core.error import UsageError
+from waiting import wait_for
 
 import mpinb
 from mpinb.errors import RankError
@@ -196,11 +197,9 @@ def test_a_script_that_never_returns_is_stopped_as_a_cell(ip, world_of, mpi, tmp
             time.sleep(0.05)
         """, name="forever.py")
 
-    def press_stop_once_both_started():
-        for _ in range(2400):  # two minutes at most: then the test's own timeout ends it
-            if all((tmp_path / f"started{rank}").exists() for rank in (0, 1)):
-                break
-            threading.Event().wait(0.05)
+    def press_stop_once_both_started():  # at most two minutes: then the test's own timeout ends it
+        wait_for(lambda: all((tmp_path / f"started{rank}").exists() for rank in (0, 1)), "both ranks started", 120,
+                 required=False)
         _thread.interrupt_main()
 
     threading.Thread(target=press_stop_once_both_started, daemon=True).start()

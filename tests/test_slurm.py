@@ -4,7 +4,6 @@ import json
 import os
 import socket
 import stat
-import time
 
 import psutil
 import pytest
@@ -12,6 +11,7 @@ from conftest import leftover_ranks, new_world_tag
 from IPython.core.error import UsageError
 from slurm_cluster import SlurmCluster
 from training import TRAINING, export, final_loss, training_notebook
+from waiting import wait_for
 
 from mpinb.errors import MPIError
 from mpinb.wire.channel import reachable_address
@@ -182,10 +182,7 @@ def test_an_exported_notebook_runs_as_a_slurm_job_with_the_same_loss(ip, magics,
     assert done.returncode == 0, done.stderr
     job = slurm.command("sbatch", "--parsable", f"--chdir={tmp_path}", str(tmp_path / "train.sbatch")).strip()
     assert job.isdigit()
-    deadline = time.monotonic() + 120
-    while slurm.squeue() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert slurm.squeue() == []
+    wait_for(lambda: not slurm.squeue(), "the exported job to end", 120, 0.2)
     output = (tmp_path / f"train-{job}.out").read_text()
     assert final_loss(output) == in_notebook, output
 
@@ -213,10 +210,7 @@ def test_a_killed_kernel_leaves_no_job_in_the_queue(slurm):
     job, *ranks = text.split("JOB", 1)[1].split()
     assert [queued for queued, *_ in slurm.squeue()] == [job]
     manager.shutdown_kernel(now=True)  # SIGKILL
-    deadline = time.monotonic() + 30
-    while slurm.squeue() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert slurm.squeue() == []
+    wait_for(lambda: not slurm.squeue(), "the killed kernel's job to leave the queue", 30, 0.2)
     assert "JobState=CANCELLED" in slurm.command("scontrol", "show", "job", job)  # not ended by its ranks dying
     _, alive = psutil.wait_procs([psutil.Process(int(pid)) for pid in ranks if psutil.pid_exists(int(pid))],
                                  timeout=10)
@@ -227,10 +221,9 @@ def test_time_in_the_queue_does_not_count_against_start_timeout(ip, magics, mpi,
     # a job that takes the whole node for 6 s
     blocker = slurm.command("sbatch", "--parsable", "-n", "4", "--output=/dev/null", "--wrap", "sleep 6").strip()
     monkeypatch.setattr(magics, "start_timeout", 4.0)
-    deadline = time.monotonic() + 60
-    while ("RUNNING" not in [state for job, _, state in slurm.squeue() if job == blocker]
-           and time.monotonic() < deadline):
-        time.sleep(0.1)  # the blocker holds the node: ours queues behind it for the rest of its 6 s
+    # the blocker holds the node: ours queues behind it for the rest of its 6 s
+    wait_for(lambda: "RUNNING" in [state for job, _, state in slurm.squeue() if job == blocker], "the blocker running",
+             60, 0.1)
     ip.run_line_magic("mpi", "start -n 2 --launcher slurm")
     assert mpi("rank") == {0: 0, 1: 1}
     ip.run_line_magic("mpi", "stop")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from waiting import wait_for
 
 from mpinb.widgets import colors
 
@@ -442,12 +443,9 @@ def use_theme(page, theme):
     light = "true" if theme == "JupyterLab Light" else "false"
     page.locator(f"body[data-jp-theme-light='{light}'][data-jp-theme-name='{theme}']").wait_for(
         state="attached", timeout=30_000)
-    deadline = time.monotonic() + 30
     want = "rgb(255, 255, 255)" if light == "true" else "rgb(17, 17, 17)"
-    while time.monotonic() < deadline:
-        if page.evaluate("getComputedStyle(document.querySelector('.jp-Notebook')).backgroundColor") == want:
-            break
-        time.sleep(0.2)
+    wait_for(lambda: page.evaluate("getComputedStyle(document.querySelector('.jp-Notebook')).backgroundColor") == want,
+             f"the notebook's background in {theme}", 30, 0.2)
     time.sleep(1.5)  # widgets that draw with the theme's colours (bqplot reads them once drawn) settle
 
 
@@ -493,9 +491,7 @@ def reload_saved(page, root, name, count):
     """Save the notebook, reload the page (the theme is a setting and stays) and wait for its *count* cells."""
     before = (root / name).stat().st_mtime_ns
     page.keyboard.press("Control+s")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (root / name).stat().st_mtime_ns == before:
-        time.sleep(0.2)
+    wait_for(lambda: (root / name).stat().st_mtime_ns != before, f"{name} saved", 30, 0.2)
     page.reload()
     page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
     cells = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")

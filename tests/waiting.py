@@ -3,10 +3,18 @@
 import time
 
 
-def wait_for(predicate, what, timeout=20.0, interval=0.05):
-    """Poll ``predicate`` until it is true; RuntimeError naming ``what`` after ``timeout`` seconds."""
+def wait_for(predicate, what, timeout=20.0, interval=0.05, *, required=True):
+    """Call ``predicate`` every ``interval`` seconds until it returns something true, and return that. After
+    ``timeout`` seconds: a RuntimeError naming ``what`` (a text, or a function that says it then, from what was
+    last seen), or ``None`` where ``required`` is false (a wait whose running out is itself an answer, or after
+    which the caller goes on either way)."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+            if required:
+                raise RuntimeError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
+            return None
         time.sleep(interval)
