@@ -94,3 +94,49 @@ def test_only_world_assigns_its_attributes():
                     if isinstance(each, ast.Attribute) and ast.unparse(each.value).split(".")[-1] == "world":
                         outside.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(target)}")
     assert not outside, outside
+
+
+MODULE_LINES, FUNCTION_LINES, CLASS_METHODS = 400, 60, 25  # a room's size: read in one sitting
+
+
+def sources():
+    return [(path.relative_to(ROOT), path.read_text()) for path in sorted((ROOT / "mpinb").rglob("*.py"))]
+
+
+def test_no_module_function_or_class_outgrows_a_room():
+    """No module over 400 lines, no function over 60 (its nested functions counted in it), no class over 25
+    methods: past these sizes code is split by what it does."""
+    large = []
+    for path, text in sources():
+        if len(text.splitlines()) > MODULE_LINES:
+            large.append(f"{path}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > FUNCTION_LINES:
+                large.append(f"{path}:{node.lineno}: {node.name}, {node.end_lineno - node.lineno + 1} lines")
+            if isinstance(node, ast.ClassDef):
+                methods = [each for each in node.body if isinstance(each, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                if len(methods) > CLASS_METHODS:
+                    large.append(f"{path}:{node.lineno}: class {node.name}, {len(methods)} methods")
+    assert not large, large
+
+
+def test_no_code_asks_which_launcher_outside_the_launchers():
+    """What differs between launchers is a method of each (``notebook/world/launchers/``): nowhere else compares
+    a launcher's name, so a new launcher is one class and its entry point."""
+    from mpinb.notebook.world.launchers.registry import OWN
+    names = set(OWN) | {"local", "mpiexec"}
+    asking = []
+    for path, text in sources():
+        if path.parts[:4] == ("mpinb", "notebook", "world", "launchers"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            constants = {side.value for side in sides if isinstance(side, ast.Constant)} | \
+                {each.value for side in sides if isinstance(side, (ast.Tuple, ast.List, ast.Set))
+                 for each in side.elts if isinstance(each, ast.Constant)}
+            if constants & names and "launcher" in ast.unparse(node).lower():
+                asking.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    assert not asking, asking
