@@ -4,7 +4,8 @@ mpinb loaded runs the steps given as JSON and prints what each showed, as one JS
 Each step is ``["line", "start -n 4"]`` (``%mpi``), ``["cell", "--gather x", "code"]`` (a ``%%mpi`` cell) or
 ``["eval", "expression"]`` (in the notebook's namespace), run as a user runs them; what it printed (stdout,
 stderr), the exception it raised (type and text) and when it ended are recorded. ``setup`` options are
-``MPIMagics`` settings.
+``MPIMagics`` settings. With ``"echo_stderr": true`` what each step writes to stderr also goes to the driver's own
+stderr as it is written, for a test that waits for it.
 """
 
 import contextlib
@@ -14,6 +15,22 @@ import sys
 import time
 
 from IPython.core.interactiveshell import InteractiveShell
+
+
+class _Both(io.TextIOBase):
+    """Writes to *first* and *second* alike."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def write(self, text):
+        self.first.write(text)
+        self.second.write(text)
+        return len(text)
+
+    def flush(self):
+        self.first.flush()
+        self.second.flush()
 
 
 def main():
@@ -28,7 +45,8 @@ def main():
         out, err = io.StringIO(), io.StringIO()
         started, raised, value = time.time(), None, None
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            shown = _Both(err, sys.__stderr__) if config.get("echo_stderr") else err
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(shown):
                 if step[0] == "line":
                     value = ip.run_line_magic("mpi", step[1])
                 elif step[0] == "eval":  # a Python expression in the notebook's namespace

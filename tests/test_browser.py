@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import nbformat
@@ -314,6 +313,11 @@ SAVED = ["%load_ext mpinb\n%mpi start -n 2",
          "%mpi stop"]
 
 
+# Per cell: how many outputs it draws, -1 while an image of them is still loading.
+DRAWN = """cells => cells.map(cell => [...cell.querySelectorAll('.jp-OutputArea img')].every(i => i.complete)
+    ? cell.querySelectorAll('.jp-OutputArea-output').length : -1)"""
+
+
 def test_a_saved_notebook_shows_every_result_after_a_reload_with_a_fresh_kernel(tmp_path, monkeypatch):
     """Run every view in JupyterLab, save with the default settings (no widget state), restart the kernel and
     reload the page: every chart is an image, every table is there, and nothing reads "Error displaying widget"."""
@@ -338,12 +342,15 @@ def test_a_saved_notebook_shows_every_result_after_a_reload_with_a_fresh_kernel(
         page.locator(".jp-Notebook >> visible=true").wait_for(timeout=60_000)
         page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
         reopened = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
-        wait_for(lambda: reopened.count() >= len(SAVED), "every cell on the page again", 30, 0.2)
-        time.sleep(2)  # give a widget renderer the time to fail, if any output still asked for one
+        saved = nbformat.read(root / "saved.ipynb", as_version=4)
+        # every output of the saved file drawn again, its images loaded (an output that asked for a widget would be
+        # a widget view in the saved file, which is checked below)
+        outputs = [len(cell.outputs) for cell in saved.cells]
+        wait_for(lambda: reopened.count() == len(SAVED) and reopened.evaluate_all(DRAWN) == outputs,
+                 lambda: f"the saved outputs {outputs} drawn again (drawn: {reopened.evaluate_all(DRAWN)})", 30, 0.2)
         images = [reopened.nth(i).locator(".jp-OutputArea img").count() for i in range(len(SAVED))]
         tables = [reopened.nth(i).locator(".jp-OutputArea table").count() for i in range(len(SAVED))]
         body = page.locator("body").inner_text()
-        saved = nbformat.read(root / "saved.ipynb", as_version=4)
     assert "Error displaying widget" not in body and "model not found" not in body
     assert images[1] == 1 and images[2] == 1 and images[4] == 2 and images[5] == 1, images  # charts, histograms,
     assert tables[1] >= 1 and tables[6] == 1 and tables[7] >= 1, tables  # heatmap and histograms, timeline
@@ -363,7 +370,7 @@ STOPPED = ["%load_ext mpinb\n%mpi start -n 2",
            "%%mpi\nkept = rank",
            # rank 1 cannot answer an interrupt (SIGINT blocked, as in a C library that masks it)
            "%%mpi\nimport signal, time\nif rank == 1:\n    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
-           "    time.sleep(30)\ncomm.Barrier()",
+           "    print('deaf to Stop', flush=True)\n    time.sleep(30)\ncomm.Barrier()",
            "%%mpi\n(size, 'kept' in globals())",
            "%mpi stop"]
 
@@ -385,10 +392,12 @@ def test_three_stops_from_the_toolbar_end_the_world_in_one_line_in_the_dark_them
         run(cells.nth(2), page, wait=False)
         stopped = cells.nth(2).locator(".jp-OutputArea")
         stop = page.locator(".jp-NotebookPanel-toolbar [data-command='notebook:interrupt-kernel']").first
-        time.sleep(2)  # the cell runs: rank 0 waits in the barrier, rank 1 sleeps deaf to interrupts
-        for _ in range(3):
-            stop.click()
-            time.sleep(0.3)
+        stopped.get_by_text("deaf to Stop").first.wait_for(timeout=60_000)  # rank 1 sleeps with SIGINT blocked
+        stop.click()  # the first Stop: mpinb says where each rank is and interrupts them; rank 1 does not answer
+        stopped.get_by_text("[mpinb] interrupted; stopping").first.wait_for(timeout=30_000)
+        stop.click()  # the second: mpinb says what it still waits for
+        stopped.get_by_text("press Stop (Ctrl-C) again to end the world now").first.wait_for(timeout=30_000)
+        stop.click()  # the third ends the world
         ran(cells.nth(2))
         shown = stopped.inner_text()
         run(cells.nth(3), page, wait=True)

@@ -5,6 +5,7 @@ Hydra inside the job starts its proxies on the nodes through srun, and the ranks
 Each test runs the notebook's side on h0 (``tests/multihost_driver.py``) and afterwards finds the queue empty and
 no process of the world on any host."""
 
+import codecs
 import json
 import os
 import re
@@ -12,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -31,12 +31,13 @@ def cluster():
         yield hosts, slurm
 
 
-def notebook(cluster, steps, **setup):
-    """The command that runs the notebook's side on h0 with *steps*, its world started through Slurm on both nodes;
-    the environment it needs."""
+def notebook(cluster, steps, *, echo_stderr=False, **setup):
+    """The command that runs the notebook's side on h0 with *steps*, its world started through Slurm on both nodes
+    (*echo_stderr*: what the steps write to stderr goes to its own stderr as it is written); the environment it
+    needs."""
     hosts, slurm = cluster
     config = {"setup": {"launcher": "slurm", "ip": hosts.addresses[0], "scheduler_args": ["--nodes=2"], **setup},
-              "steps": steps}
+              "steps": steps, "echo_stderr": echo_stderr}
     return [sys.executable, str(DRIVER), json.dumps(config)], {**os.environ, **slurm.env, **hosts.mpi_env}
 
 
@@ -44,6 +45,23 @@ def parsed(stdout, stderr):
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, f"the notebook's side printed no result:\n{stdout[-3000:]}\n{stderr[-3000:]}"
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+class Streamed:
+    """What a process writes to *pipe*, read as it comes by a thread of its own (:attr:`text`: all of it so far)."""
+
+    def __init__(self, pipe):
+        self.parts, self.decoder = [], codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.thread = threading.Thread(target=self._read, args=(pipe.fileno(),), daemon=True)
+        self.thread.start()
+
+    def _read(self, fd):
+        while chunk := os.read(fd, 1 << 16):
+            self.parts.append(self.decoder.decode(chunk))
+
+    @property
+    def text(self):
+        return "".join(self.parts)
 
 
 def no_leftovers(cluster):
@@ -185,6 +203,10 @@ def test_a_job_near_its_time_limit_is_warned_ended_at_it_said_so_and_a_restart_p
     assert sorted(check["stdout"].splitlines()) == [f"[rank {r}] [{r}.0, {r + 1}.0, {r + 2}.0]" for r in range(4)]
 
 
+# what the start says while its job waits behind another
+PENDING = re.compile(r"Slurm job \d+ pending \((Resources|Priority|Nodes required for job are DOWN[^)]*)\)")
+
+
 def test_stop_cancels_a_start_queued_behind_another_job_and_interrupts_a_cell_on_both_nodes(cluster):
     """A job holding node h2 keeps ours in the queue: the start says Slurm's reason while it waits, and Stop
     cancels it, leaving the other job alone. Started again once the node is free, Stop while every rank runs
@@ -193,34 +215,34 @@ def test_stop_cancels_a_start_queued_behind_another_job_and_interrupts_a_cell_on
     h2 = hosts.names[2]
     blocker = slurm.command("sbatch", "--parsable", "-w", h2, "--exclusive", "--output=/dev/null",
                             "--wrap", "sleep 300").strip()
-    mark = slurm.root / "looping"
-    mark.unlink(missing_ok=True)
-    loop = f"import time\nif rank == 3:\n    open({str(mark)!r}, 'w').close()\nwhile True:\n    time.sleep(0.05)"
+    marks = [slurm.root / f"looping-{rank}" for rank in range(4)]
+    for mark in marks:
+        mark.unlink(missing_ok=True)
+    loop = (f"import time\nopen({str(slurm.root)!r} + f'/looping-{{rank}}', 'w').close()\nwhile True:\n"
+            "    time.sleep(0.05)")
     steps = [["line", "start -n 4"], ["line", "start -n 4"], ["cell", "", "kept = rank * 10"], ["cell", "", loop],
              ["cell", "", "comm.allreduce(kept)"]]
-    command, env = notebook(cluster, steps)
-    process = hosts.run(0, command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command, env = notebook(cluster, steps, echo_stderr=True)
+    process = hosts.run(0, command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = Streamed(process.stdout), Streamed(process.stderr)
     try:
-        def ours_waits():
-            return [job for job, _, state in slurm.squeue() if job != blocker and state == "PENDING"]
-
-        wait_for(ours_waits, "the start's job waiting in the queue", 120)
-        time.sleep(1.5)  # long enough for the start to read why (it asks squeue every 0.5 s)
+        # the start says why its job waits once it asked squeue (every 0.5 s) after the job queued
+        wait_for(lambda: PENDING.search(err.text), "the start saying why its job waits in the queue", 120)
         process.send_signal(signal.SIGINT)  # what the Stop button sends the kernel
         wait_for(lambda: [job for job, *_ in slurm.squeue()] == [blocker], "the queued job cancelled", 60)
         slurm.command("scancel", blocker)
-        wait_for(mark.exists, "the looping cell running", 180)
-        time.sleep(0.5)
+        wait_for(lambda: all(mark.exists() for mark in marks), "the looping cell running on every rank", 180)
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=240)
+        process.wait(timeout=240)
+        out.thread.join(timeout=10)
+        err.thread.join(timeout=10)
     finally:
         process.kill()
         slurm.command("scancel", blocker)
-    queued, start, _, looping, after = parsed(stdout, stderr)["steps"]
+    queued, start, _, looping, after = parsed(out.text, err.text)["steps"]
     name, text = queued["raised"]
     assert name == "StartInterrupted" and "no world is running" in text, queued
-    assert re.search(r"Slurm job \d+ pending \((Resources|Priority|Nodes required for job are DOWN[^)]*)\)",
-                     queued["stderr"]), queued
+    assert PENDING.search(queued["stderr"]), queued
     assert start["raised"] is None, start
     name, text = looping["raised"]
     assert name == "Interrupted" and "ranks 0-3: KeyboardInterrupt: interrupted" in text, looping

@@ -18,7 +18,6 @@ import contextlib
 import json
 import math
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -446,7 +445,31 @@ def use_theme(page, theme):
     want = "rgb(255, 255, 255)" if light == "true" else "rgb(17, 17, 17)"
     wait_for(lambda: page.evaluate("getComputedStyle(document.querySelector('.jp-Notebook')).backgroundColor") == want,
              f"the notebook's background in {theme}", 30, 0.2)
-    time.sleep(1.5)  # widgets that draw with the theme's colours (bqplot reads them once drawn) settle
+    drawn_still(page, f"the outputs redrawn in {theme}")  # bqplot reads the theme's colours when it draws
+
+
+# What the outputs draw: every SVG text, path and rect with its place, shape and colours, and every image with whether
+# it has loaded. Two readings in a row alike: nothing is drawing any more.
+DRAWING = """() => JSON.stringify([
+  ...[...document.querySelectorAll('.jp-OutputArea svg text, .jp-OutputArea svg path, .jp-OutputArea svg rect')]
+    .map(e => {
+      const box = e.getBoundingClientRect(), style = getComputedStyle(e);
+      return [e.tagName, e.textContent, e.getAttribute('d'), Math.round(box.x), Math.round(box.y),
+              Math.round(box.width), Math.round(box.height), style.fill, style.stroke, style.color, style.opacity];
+    }),
+  ...[...document.querySelectorAll('.jp-OutputArea img')].map(i => [i.src.length, i.complete])])"""
+
+
+def drawn_still(page, what, *, timeout=30):
+    """Wait until the outputs' drawing reads the same twice in a row, 0.5 s apart (:data:`DRAWING`)."""
+    last = [None]
+
+    def same():
+        now = page.evaluate(DRAWING)
+        alike, last[0] = now == last[0], now
+        return alike
+
+    wait_for(same, what, timeout, 0.5)
 
 
 def measure(page, cells, theme, shots):
@@ -539,7 +562,9 @@ def test_every_view_reads_at_wcag_aa_in_the_light_and_the_dark_theme(tmp_path, m
             for index in range(len(THEMED) - 1):
                 run(cells.nth(index), page, wait=True)
             cells.nth(11).locator(".jp-OutputArea img").first.wait_for(timeout=60_000)
-            time.sleep(2)  # the live charts draw
+            for index in LIVE:  # the live charts drawn: their axes, then nothing more changing
+                cells.nth(index).locator(".bqplot text").first.wait_for(timeout=60_000)
+            drawn_still(page, "the live charts drawn")
             lightness = {}
             for theme in ("JupyterLab Light", "JupyterLab Dark"):
                 use_theme(page, theme)
