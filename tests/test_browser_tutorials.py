@@ -15,9 +15,9 @@ import shutil
 import nbformat
 import pytest
 from conftest import leftover_ranks, new_world_tag
+from lab_pages import ARTIFACTS, lab, notebook_page, run
+from tutorial_notebooks import NOTEBOOKS
 from waiting import wait_for
-from test_browser import ARTIFACTS, lab, notebook_page, run
-from test_notebooks import NOTEBOOKS
 
 pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
 

@@ -4,15 +4,13 @@
 import base64
 import re
 import time
-from pathlib import Path
 
 import nbformat
 import numpy as np
 import pytest
 from conftest import leftover_ranks, new_world_tag, text_of
 from nbclient import NotebookClient
-
-NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+from tutorial_notebooks import NOTEBOOKS
 
 TUTORIALS = sorted(path.name for path in NOTEBOOKS.glob("0[1-8]_*.ipynb"))
 

@@ -5,14 +5,14 @@ Screenshots of the panel go to test-artifacts/ (mpi-panel-light.png, mpi-panel-d
 
 import re
 
+import lab_pages
 import pytest
 from conftest import leftover_ranks, new_world_tag
+from contrast import contrast
+from lab_pages import use_theme
 from waiting import wait_for
 
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
-
-import test_browser  # noqa: E402 - after the skip: it needs playwright
-from test_themes import contrast, use_theme  # noqa: E402
+pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -85,26 +85,26 @@ def spark(panel, rank):
 
 
 def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(tmp_path, monkeypatch):
-    root = test_browser.notebook_of(tmp_path, "panel.ipynb", CELLS)
+    root = lab_pages.notebook_of(tmp_path, "panel.ipynb", CELLS)
     monkeypatch.setenv("MPINB_PANEL_DIR", str(tmp_path / "panel"))  # the kernel's and the server's, this test's own
     tag = new_world_tag()
-    shots = test_browser.ARTIFACTS
-    with test_browser.lab(root, tmp_path, monkeypatch, server_args=["--LabApp.expose_app_in_browser=True"]) as (
+    shots = lab_pages.ARTIFACTS
+    with lab_pages.lab(root, tmp_path, monkeypatch, server_args=["--LabApp.expose_app_in_browser=True"]) as (
             server, browser):
-        with test_browser.notebook_page(server, browser, "panel.ipynb", viewport={"width": 1500, "height": 1000},
+        with lab_pages.notebook_page(server, browser, "panel.ipynb", viewport={"width": 1500, "height": 1000},
                                         screenshot="mpi-panel-page.png") as (page, cells):
             page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
             panel = open_panel(page)
             panel.get_by_text("No kernel has an MPI world").wait_for(timeout=30_000)
-            test_browser.run(cells.nth(0), page, wait=True)
-            test_browser.run(cells.nth(1), page, wait=True)
+            lab_pages.run(cells.nth(0), page, wait=True)
+            lab_pages.run(cells.nth(1), page, wait=True)
             wait_for(lambda: [state for state, _, _ in rows_state(panel).values()] == ["idle"] * 3,
                      "three idle rows once the world started", 60)
             heading = panel.locator(".mpinb-Panel-title").inner_text()
             assert "3 ranks" in heading and "MPICH" in heading, heading
             assert "via " in panel.locator(".mpinb-Panel-details").inner_text()
 
-            test_browser.run(cells.nth(2), page, wait=False)
+            lab_pages.run(cells.nth(2), page, wait=False)
             rows = wait_for(lambda: straggler_marked(panel), "the slow rank marked as holding up the others", 60)
             assert re.search(r"holding up ranks 0, 2: they wait in allreduce #\d+ on COMM_WORLD", rows[SLOW][2]), rows
             assert rows[SLOW][1] == "running In[3] at line 7", rows
@@ -149,7 +149,7 @@ def test_the_panel_shows_each_rank_live_names_the_straggler_and_stops_the_cell(t
                      "every rank idle after Stop from the panel", timeout=90)
             # the kernel is free again: the next cell runs (the stopped cell's output was the page's before the reload)
             cells = page.locator(".jp-Notebook >> visible=true").locator(".jp-Cell")
-            test_browser.run(cells.nth(3), page, wait=True)
+            lab_pages.run(cells.nth(3), page, wait=True)
             cells.nth(3).locator(".jp-OutputArea").get_by_text("after").wait_for(timeout=30_000)
 
             message = panel.locator(".mpinb-Panel-message")

@@ -5,13 +5,12 @@ A screenshot of the page goes to test-artifacts/mpi-panel-notebook7.png."""
 
 import re
 
+import lab_pages
 import pytest
 from conftest import leftover_ranks, new_world_tag
 
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
+pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
 pytest.importorskip("notebook", minversion="7", reason="Notebook 7 is in the dev extra")
-
-import test_browser  # noqa: E402 - after the skip: it needs playwright
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -53,11 +52,11 @@ def notebook7_error(error):
 
 
 def test_the_panel_shows_each_rank_live_in_notebook_7(tmp_path, monkeypatch):
-    root = test_browser.notebook_of(tmp_path, "panel.ipynb", CELLS)
+    root = lab_pages.notebook_of(tmp_path, "panel.ipynb", CELLS)
     monkeypatch.setenv("MPINB_PANEL_DIR", str(tmp_path / "panel"))  # the kernel's and the server's, this test's own
     tag = new_world_tag()
     errors = []
-    with test_browser.lab(root, tmp_path, monkeypatch) as (server, browser):
+    with lab_pages.lab(root, tmp_path, monkeypatch) as (server, browser):
         page = browser.new_page(viewport={"width": 1400, "height": 800})
         try:
             page.on("console", lambda message: message.type == "error" and errors.append(message.text))
@@ -76,12 +75,12 @@ def test_the_panel_shows_each_rank_live_in_notebook_7(tmp_path, monkeypatch):
             panel.wait_for(state="visible", timeout=30_000)
             panel.get_by_text("No kernel has an MPI world").wait_for(timeout=30_000)
 
-            test_browser.run(cells.nth(0), page, wait=True)
+            lab_pages.run(cells.nth(0), page, wait=True)
             rows_when(page, "rows.length === 2 && rows.every(r => r.state === 'idle')")
             title = panel.locator(".mpinb-Panel-title").inner_text()
             assert title.startswith("panel.ipynb: ") and "2 ranks" in title, title
 
-            test_browser.run(cells.nth(1), page, wait=False)
+            lab_pages.run(cells.nth(1), page, wait=False)
             # rank 1 is in time.sleep (line 6) for nearly all of each step, and in the allreduce for an instant: the
             # rows are read at such a moment, not at whichever update came first
             rows = rows_when(page, "rows.length === 2 && rows[1].holding !== null && rows[0].state === 'collective' "
@@ -95,11 +94,11 @@ def test_the_panel_shows_each_rank_live_in_notebook_7(tmp_path, monkeypatch):
             usage = panel.locator(".mpinb-Panel-row[data-rank='0'] .mpinb-Panel-usage").inner_text()
             assert re.fullmatch(r"CPU \d+% · [\d.]+ (MiB|GiB)", usage), usage
             assert "running In[2]" in panel.locator(".mpinb-Panel-title").inner_text()
-            page.screenshot(path=str(test_browser.ARTIFACTS / "mpi-panel-notebook7.png"))
+            page.screenshot(path=str(lab_pages.ARTIFACTS / "mpi-panel-notebook7.png"))
 
             panel.locator("button[data-action='stop']").click()
             rows_when(page, "rows.length === 2 && rows.every(r => r.state === 'idle')", timeout=90_000)
-            test_browser.run(cells.nth(2), page, wait=True)  # the kernel is free again
+            lab_pages.run(cells.nth(2), page, wait=True)  # the kernel is free again
             cells.nth(2).locator(".jp-OutputArea").get_by_text("after").wait_for(timeout=30_000)
         finally:
             page.close()

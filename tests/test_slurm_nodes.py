@@ -6,7 +6,6 @@ Each test runs the notebook's side on h0 (``tests/multihost_driver.py``) and aft
 no process of the world on any host."""
 
 import codecs
-import json
 import os
 import re
 import signal
@@ -17,34 +16,17 @@ from pathlib import Path
 
 import pytest
 from hosts import Hosts
-from waiting import wait_for
 from slurm_cluster import SlurmNodes
+from slurm_node_runs import drive, no_leftovers, notebook, parsed
+from waiting import wait_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.slurm, pytest.mark.hosts, pytest.mark.timeout(600)]
-
-DRIVER = Path(__file__).with_name("multihost_driver.py")
 
 
 @pytest.fixture(scope="module")
 def cluster():
     with Hosts(3) as hosts, SlurmNodes(hosts, controller=0, nodes=(1, 2)) as slurm:
         yield hosts, slurm
-
-
-def notebook(cluster, steps, *, echo_stderr=False, **setup):
-    """The command that runs the notebook's side on h0 with *steps*, its world started through Slurm on both nodes
-    (*echo_stderr*: what the steps write to stderr goes to its own stderr as it is written); the environment it
-    needs."""
-    hosts, slurm = cluster
-    config = {"setup": {"launcher": "slurm", "ip": hosts.addresses[0], "scheduler_args": ["--nodes=2"], **setup},
-              "steps": steps, "echo_stderr": echo_stderr}
-    return [sys.executable, str(DRIVER), json.dumps(config)], {**os.environ, **slurm.env, **hosts.mpi_env}
-
-
-def parsed(stdout, stderr):
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"the notebook's side printed no result:\n{stdout[-3000:]}\n{stderr[-3000:]}"
-    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 class Streamed:
@@ -62,27 +44,6 @@ class Streamed:
     @property
     def text(self):
         return "".join(self.parts)
-
-
-def no_leftovers(cluster):
-    """The queue empty, and no process on any host but Slurm's own daemons."""
-    hosts, slurm = cluster
-    wait_for(lambda: not slurm.squeue(), "the job to leave the queue", 60)
-    for i in range(hosts.n):
-        left = [pid for pid in hosts.pids_on(i) if pid not in slurm.daemon_pids()]
-        assert left == [], f"processes left on {hosts.names[i]}: {left}"
-
-
-def drive(cluster, steps, *, timeout=300, leftovers=True, stdin=None, **setup):
-    """Run *steps* on h0 against a world started through Slurm on both nodes (*stdin*: what the user types at
-    prompts); the parsed result."""
-    hosts, _ = cluster
-    command, env = notebook(cluster, steps, **setup)
-    done = hosts.output(0, command, timeout=timeout, env=env, input=stdin)
-    result = parsed(done.stdout, done.stderr)
-    if leftovers:
-        no_leftovers(cluster)
-    return result
 
 
 def test_a_world_spans_two_slurm_nodes_and_every_feature_works_there(cluster):

@@ -20,41 +20,17 @@ import math
 import shutil
 from pathlib import Path
 
+import lab_pages
 import numpy as np
 import pytest
+from conftest import leftover_ranks, new_world_tag
+from contrast import AA, contrast, luminance, over, rgb
+from lab_pages import ARTIFACTS, drawn_still, notebook_of, run, use_theme
 from waiting import wait_for
 
 from mpinb.widgets import colors
 
-AA = 4.5  # WCAG 2 level AA, normal text
 SHOTS = Path("/tmp/mpinb-theme-shots")
-
-
-# ---------------------------------------------------------------------- colour arithmetic (as the test's JS does)
-
-
-def _channel(value):
-    value /= 255
-    return value / 12.92 if value <= 0.04045 else ((value + 0.055) / 1.055) ** 2.4
-
-
-def luminance(rgb):
-    r, g, b = (_channel(v) for v in rgb[:3])
-    return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-
-def contrast(a, b):
-    high, low = sorted((luminance(a), luminance(b)), reverse=True)
-    return (high + 0.05) / (low + 0.05)
-
-
-def over(colour, alpha, background):
-    return tuple(alpha * c + (1 - alpha) * b for c, b in zip(colour, background))
-
-
-def rgb(hex_colour):
-    hex_colour = hex_colour.lstrip("#")
-    return tuple(int(hex_colour[i:i + 2], 16) for i in (0, 2, 4))
 
 
 # ---------------------------------------------------------------------- without a browser
@@ -428,48 +404,10 @@ def lab(root, name, tmp_path, monkeypatch, *, viewport):
     """JupyterLab (its app exposed to the page, to switch themes) with notebook *name* of *root* open in Chromium,
     the kernel idle: yields the page and its cells."""
     pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
-    import test_browser
-
-    with test_browser.lab(root, tmp_path, monkeypatch, server_args=["--LabApp.expose_app_in_browser=True"]) as (
+    with lab_pages.lab(root, tmp_path, monkeypatch, server_args=["--LabApp.expose_app_in_browser=True"]) as (
             server, browser):
-        with test_browser.notebook_page(server, browser, name, viewport=viewport) as opened:
+        with lab_pages.notebook_page(server, browser, name, viewport=viewport) as opened:
             yield opened
-
-
-def use_theme(page, theme):
-    """Switch JupyterLab to *theme* and wait until its variables apply."""
-    page.evaluate("theme => window.jupyterapp.commands.execute('apputils:change-theme', {theme})", theme)
-    light = "true" if theme == "JupyterLab Light" else "false"
-    page.locator(f"body[data-jp-theme-light='{light}'][data-jp-theme-name='{theme}']").wait_for(
-        state="attached", timeout=30_000)
-    want = "rgb(255, 255, 255)" if light == "true" else "rgb(17, 17, 17)"
-    wait_for(lambda: page.evaluate("getComputedStyle(document.querySelector('.jp-Notebook')).backgroundColor") == want,
-             f"the notebook's background in {theme}", 30, 0.2)
-    drawn_still(page, f"the outputs redrawn in {theme}")  # bqplot reads the theme's colours when it draws
-
-
-# What the outputs draw: every SVG text, path and rect with its place, shape and colours, and every image with whether
-# it has loaded. Two readings in a row alike: nothing is drawing any more.
-DRAWING = """() => JSON.stringify([
-  ...[...document.querySelectorAll('.jp-OutputArea svg text, .jp-OutputArea svg path, .jp-OutputArea svg rect')]
-    .map(e => {
-      const box = e.getBoundingClientRect(), style = getComputedStyle(e);
-      return [e.tagName, e.textContent, e.getAttribute('d'), Math.round(box.x), Math.round(box.y),
-              Math.round(box.width), Math.round(box.height), style.fill, style.stroke, style.color, style.opacity];
-    }),
-  ...[...document.querySelectorAll('.jp-OutputArea img')].map(i => [i.src.length, i.complete])])"""
-
-
-def drawn_still(page, what, *, timeout=30):
-    """Wait until the outputs' drawing reads the same twice in a row, 0.5 s apart (:data:`DRAWING`)."""
-    last = [None]
-
-    def same():
-        now = page.evaluate(DRAWING)
-        alike, last[0] = now == last[0], now
-        return alike
-
-    wait_for(same, what, timeout, 0.5)
 
 
 def measure(page, cells, theme, shots):
@@ -546,9 +484,6 @@ def measure_export(page, cells, shots):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_view_reads_at_wcag_aa_in_the_light_and_the_dark_theme(tmp_path, monkeypatch):
-    from conftest import leftover_ranks, new_world_tag
-    from test_browser import ARTIFACTS, notebook_of, run
-
     root = notebook_of(tmp_path, "themes.ipynb", THEMED)
     shots = tmp_path / "shots"
     shots.mkdir()

@@ -218,7 +218,7 @@ def test_across_hosts_master_addr_is_rank_0s_address_and_env_init_sums():
     """Two ranks on each of two hosts (network namespaces with sshd, tests/hosts.py), the notebook on a third: the
     groups are the hosts, MASTER_ADDR is rank 0's host's address, and env:// meets there across the link."""
     from hosts import Hosts
-    from test_multihost import drive
+    from multihost_runs import drive
 
     with Hosts(3) as hosts:
         result = drive(hosts, ACROSS_HOSTS)
@@ -233,7 +233,7 @@ def test_a_world_started_through_slurm_on_two_nodes_has_the_environment_and_env_
     """The same through ``%mpi start --launcher slurm`` on two Slurm nodes (tests/slurm_cluster.py)."""
     from hosts import Hosts
     from slurm_cluster import SlurmNodes
-    from test_slurm_nodes import drive
+    from slurm_node_runs import drive
 
     with Hosts(3) as hosts, SlurmNodes(hosts, controller=0, nodes=(1, 2)) as slurm:
         result = drive((hosts, slurm), ACROSS_HOSTS)
