@@ -106,8 +106,10 @@ def run(session, code, answers=()):
 
 
 @contextlib.contextmanager
-def kernel(env=None):
-    """A real ipykernel with its client, shut down (and its processes with it) at the end."""
+def jupyter_client_kernel(env=None):
+    """A real ipykernel started and driven by jupyter_client (its own process, reached over ZMQ as a front end
+    reaches it, no Jupyter server between), as a :class:`Session`; shut down (and its processes with it) at the end.
+    A kernel that a Jupyter server starts and forwards over its websocket is ``lab_server``'s."""
     from jupyter_client.manager import KernelManager
 
     manager = KernelManager(kernel_name="python3")

@@ -79,16 +79,18 @@ class JupyterServer:
             payload = response.read()
         return json.loads(payload) if payload else None
 
-    async def kernel(self, name="python3"):
-        """A new kernel and a :class:`Kernel` talking to it over the websocket."""
+    async def websocket_kernel(self, name="python3"):
+        """A new kernel of this server's (its REST API starts it) and a :class:`WebsocketKernel` talking to it over
+        the server's websocket, as JupyterLab does. A kernel driven directly, with no server, is
+        ``kernel_session.jupyter_client_kernel``."""
         kernel_id = self.request("POST", "/api/kernels", {"name": name})["id"]
         session = uuid.uuid4().hex
         url = (f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels?session_id={session}"
                f"&token={self.token}")
-        return Kernel(await websocket_connect(url, max_message_size=1 << 30), session)
+        return WebsocketKernel(await websocket_connect(url, max_message_size=1 << 30), session)
 
 
-class Kernel:
+class WebsocketKernel:
     """Execute cells and keep every IOPub message the server forwards, with the time it arrived."""
 
     def __init__(self, connection, session):

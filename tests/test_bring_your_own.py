@@ -22,7 +22,7 @@ import time
 import pytest
 from conftest import leftover_ranks, new_world_tag
 
-from kernel_session import kernel
+from kernel_session import jupyter_client_kernel
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook, pytest.mark.timeout(900)]
 
@@ -48,7 +48,7 @@ def needs(name):
 @pytest.fixture(scope="module")
 def session():
     tag = new_world_tag()
-    with kernel(env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}) as k:
+    with jupyter_client_kernel(env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}) as k:
         shown = k.run("%load_ext mpinb\n%mpi start -n 2", timeout=CELL_TIMEOUT)
         assert shown.status == "ok", shown.text
         yield k

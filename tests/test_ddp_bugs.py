@@ -7,7 +7,7 @@ torch.distributed's own collectives (DDP's gradient buckets through its communic
 broadcasts, ``dist.*`` calls, async ones) are in the ledger mismatch detection and the roll call read."""
 
 import pytest
-from kernel_session import kernel
+from kernel_session import jupyter_client_kernel
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 
@@ -34,7 +34,7 @@ def clean(shown):
 
 @pytest.fixture(scope="module")
 def session():
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb").status == "ok"
         yield k
         k.run("%mpi stop")

@@ -3,14 +3,14 @@ a notebook front end does): post-mortem with %mpi debug R, breakpoint() on one r
 
 import pytest
 from conftest import leftover_ranks, new_world_tag
-from kernel_session import kernel, run
+from kernel_session import jupyter_client_kernel, run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 
 
 def test_post_mortem_on_the_failing_rank_and_breakpoints_on_one_rank_or_several():
     tag = new_world_tag()
-    with kernel() as session:
+    with jupyter_client_kernel() as session:
         assert run(session, "%load_ext mpinb\n%mpi start -n 2")[0] == "ok"
         status, _, _ = run(session, "%%mpi\nx = rank * 100\ndef f(y):\n    z = y * 7\n    if rank == 1:\n"
                                    "        raise ValueError('bad batch')\n    return z\nf(rank + 3)")
@@ -51,7 +51,7 @@ def test_a_stopped_cell_keeps_every_ranks_variables_in_a_real_kernel():
     """In a kernel, as in a notebook: a failing rank, a timeout and the Stop button (the kernel's interrupt),
     each while other ranks wait in MPI; after each, the variables are there and a collective is right."""
     tag = new_world_tag()
-    with kernel() as session:
+    with jupyter_client_kernel() as session:
         assert run(session, "%load_ext mpinb\n%mpi start -n 3")[0] == "ok"
         assert run(session, "%%mpi\nkept = rank * 10")[0] == "ok"
         cells = ["%%mpi\nif rank == 1:\n    raise ValueError('bad')\ncomm.Barrier()",

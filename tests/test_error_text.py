@@ -6,7 +6,7 @@ import re
 import pytest
 from conftest import leftover_ranks, new_world_tag
 from IPython.core.error import UsageError
-from kernel_session import kernel, run
+from kernel_session import jupyter_client_kernel, run
 
 from mpinb.errors import MPIError, RankError
 
@@ -102,7 +102,7 @@ def test_where_each_rank_was_names_cells_as_ipython_does_in_a_kernel():
     """A cell run in a kernel is compiled as ``/tmp/ipykernel_PID/HASH.py`` on every rank; the diagnosis names it
     ``Cell In[N], line L`` (the cell that defined a function too), and identical stacks merge across ranks."""
     tag = new_world_tag()
-    with kernel() as client:
+    with jupyter_client_kernel() as client:
         assert run(client, "%load_ext mpinb\n%mpi start -n 2")[0] == "ok"  # In[1]
         assert run(client, "%%mpi\ndef wait():\n    return comm.recv(source=(rank + 1) % size)")[0] == "ok"  # In[2]
         status, text, _ = run(client, "%%mpi --timeout 2\nwait()")  # In[3]

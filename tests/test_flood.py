@@ -46,7 +46,7 @@ print(json.dumps(dict(checks=checks, batches=live.batches, refreshes=live.refres
 
 async def flood(root):
     with JupyterServer(root) as server:
-        kernel = await server.kernel()
+        kernel = await server.websocket_kernel()
         started = text_of(outputs_of(await kernel.execute(f"%load_ext mpinb\n%mpi start -n {RANKS}")))
         assert f"MPI world of {RANKS} ranks started" in started, started
         flooded = await kernel.execute(FLOOD)

@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import leftover_ranks, new_world_tag
 
-from kernel_session import kernel
+from kernel_session import jupyter_client_kernel
 from waiting import wait_for
 
 from mpinb.errors import MPIError, RankError
@@ -52,7 +52,7 @@ CRASHES = {
 @pytest.fixture(scope="module")
 def session():
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         # each cell waits for the snapshot of the one before: a crash right after a cell loses nothing of it
         assert k.run("%load_ext mpinb\n%config MPIMagics.snapshot_lag = 0\n%mpi start -n 2").status == "ok"
         yield k
@@ -111,7 +111,7 @@ def test_a_kernel_killed_after_its_world_ended_leaves_no_kept_variables():
     """A world that died and whose restart was stopped is gone, its variables kept for the next restart: a kernel
     killed then (no exit handler runs) still leaves no folder of them behind."""
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%config MPIMagics.snapshot_lag = 0\n%mpi start -n 2").status == "ok"
         assert k.run("%%mpi\nkeep = rank").status == "ok"
         crashed(k, CRASHES["kill -9"])

@@ -20,7 +20,7 @@ import time
 
 import pytest
 from conftest import new_world_tag
-from kernel_session import kernel
+from kernel_session import jupyter_client_kernel
 from world_record import still_running
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
@@ -329,7 +329,7 @@ def run_sequence(session, seed, steps):
 def run_sessions(seeds, steps):
     """One kernel, a sequence per seed; nothing of their worlds left at the end."""
     Sessions.record = new_world_tag()
-    with kernel() as session:
+    with jupyter_client_kernel() as session:
         Sessions.session = session
         for seed in seeds:
             run_sequence(session, seed, steps if steps else random.Random(seed).randint(25, 40))

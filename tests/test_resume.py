@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import leftover_ranks, new_world_tag
 
-from kernel_session import kernel
+from kernel_session import jupyter_client_kernel
 from mpinb.notebook.world.mpis import default_mpiexec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
@@ -94,7 +94,7 @@ def test_steps_a_crash_a_restart_and_more_steps_match_an_uninterrupted_run_bit_f
     expected = uninterrupted(tmp_path, setup, wrap)
     assert sorted(expected) == [0, 1], expected
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         # snapshot_lag = 0: each cell waits for the last one's snapshot, so the crash loses nothing of it
         assert k.run("%load_ext mpinb\n%config MPIMagics.snapshot_lag = 0\n%mpi start -n 2").status == "ok"
         shown = k.run("%%mpi\n" + setup + wrap + RUN.format(n=STEPS))

@@ -310,7 +310,7 @@ def test_the_debugger_stops_in_the_script_at_its_lines(tmp_path):
     """``breakpoint()`` in a script, and ``%mpi debug R`` after it failed, in a real kernel: pdb's prompt in the
     notebook, at the script's file and lines."""
     from conftest import leftover_ranks, new_world_tag
-    from kernel_session import kernel, run
+    from kernel_session import jupyter_client_kernel, run
 
     stops = script(tmp_path, """\
         from mpi4py import MPI
@@ -333,7 +333,7 @@ def test_the_debugger_stops_in_the_script_at_its_lines(tmp_path):
         step(1)
         """, name="fails.py")
     tag = new_world_tag()
-    with kernel() as client:
+    with jupyter_client_kernel() as client:
         assert run(client, "%load_ext mpinb\n%mpi start -n 2")[0] == "ok"
         status, text, prompts = run(client, f"%mpi run {stops}", ["p w", "n", "p w", "c"])
         assert status == "ok", text

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from conftest import leftover_ranks, new_world_tag
-from kernel_session import kernel
+from kernel_session import jupyter_client_kernel
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 
@@ -24,7 +24,7 @@ def clean(shown):
 
 def test_three_quick_stops_end_the_world_in_one_line_and_the_next_cell_has_as_many_ranks():
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 3").status == "ok"
         assert k.run("%%mpi\nkept = rank").status == "ok"
         shown = clean(k.run("%%mpi\n" + DEAF, stops=(0.3, 0.6, 0.9), after=DEAF_NOW))
@@ -41,7 +41,7 @@ def test_three_quick_stops_end_the_world_in_one_line_and_the_next_cell_has_as_ma
 
 def test_a_second_stop_says_what_is_awaited_and_how_long_and_keeps_the_world():
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 3").status == "ok"
         assert k.run("%%mpi\nkept = rank * 10").status == "ok"
         shown = clean(k.run("%%mpi\n" + DEAF, stops=(0.3, 0.6), after=DEAF_NOW))
@@ -64,7 +64,7 @@ def test_a_second_stop_says_what_is_awaited_and_how_long_and_keeps_the_world():
 
 def test_a_stop_during_mpi_stop_lets_it_finish_and_leaves_nothing():
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
         assert k.run("%%mpi\nimport numpy").status == "ok"
         shown = clean(k.run("%mpi stop", stops=(0.05, 0.15)))
@@ -78,7 +78,7 @@ def test_a_stop_during_mpi_stop_lets_it_finish_and_leaves_nothing():
                                               ("%mpi restart", 0.9), ("%%mpi\nrank", 0.4)])
 def test_a_stop_during_a_start_rolls_it_back_in_one_line_and_the_size_is_kept(command, stop_at):
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%config MPIMagics.default_ranks = 3").status == "ok"
         if "restart" in command:
             assert k.run("%mpi start -n 3").status == "ok"
@@ -101,7 +101,7 @@ def test_a_stop_during_a_start_rolls_it_back_in_one_line_and_the_size_is_kept(co
 ])
 def test_a_mismatch_mpi_completed_restarts_the_world_saying_so_and_later_collectives_work(cell):
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
         shown = clean(k.run("%%mpi\n" + cell))
         assert shown.status == "error" and "CollectiveMismatch" in shown.text
@@ -118,7 +118,7 @@ def test_a_mismatch_mpi_completed_restarts_the_world_saying_so_and_later_collect
 def test_debuggers_under_a_front_end_without_stdin_say_so_once_and_the_ranks_go_on():
     """nbclient and papermill send allow_stdin=False: breakpoint() and %mpi debug must not hang the next cell."""
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
         shown = clean(k.run("%%mpi\nfor i in range(3):\n    breakpoint()\ncomm.Barrier()\n'done'", allow_stdin=False))
         assert shown.status == "ok" and "[rank 0] 'done'" in shown.text and "[rank 1] 'done'" in shown.text
@@ -135,7 +135,7 @@ def test_debuggers_under_a_front_end_without_stdin_say_so_once_and_the_ranks_go_
 
 def test_a_stop_in_a_reporting_loop_shows_where_in_the_cell_and_no_frame_of_mpinb():
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
         shown = clean(k.run("%%mpi\nimport mpinb\nfor step in range(10**7):\n    mpinb.report(step=step, loss=1.0)",
                             stops=(2.0,)))
@@ -148,7 +148,7 @@ def test_a_stop_in_a_reporting_loop_shows_where_in_the_cell_and_no_frame_of_mpin
 def test_time_at_a_debugger_prompt_does_not_count_against_the_timeout():
     """--timeout 4 with a breakpoint answered after 6 s: the cell goes on to its end, as the user asked pdb to."""
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
         answers = iter(["p rank", "c"])
 
@@ -171,7 +171,7 @@ def test_starts_interrupted_at_any_moment_leave_no_controller_behind():
     import psutil
 
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb").status == "ok"
         for at in (0.3, 0.8, 1.2):
             shown = clean(k.run("%mpi start -n 2", stops=(at,)))

@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import leftover_ranks, new_world_tag
 
-from kernel_session import ANSI, kernel
+from kernel_session import ANSI, jupyter_client_kernel
 from mpinb.notebook import stops
 
 
@@ -46,7 +46,7 @@ def usable(k):
 @pytest.fixture(scope="module")
 def session():
     tag = new_world_tag()
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb\n%mpi start -n 2").status == "ok"
         yield k
         k.run("%mpi stop", timeout=REPLY_WITHIN)

@@ -52,9 +52,9 @@ STEP = "%%mpi\nstep(batches[0])\nprint('step ok', model.module.weight.sum().item
 
 @pytest.fixture(scope="module")
 def session():
-    from kernel_session import kernel
+    from kernel_session import jupyter_client_kernel
 
-    with kernel() as k:
+    with jupyter_client_kernel() as k:
         assert k.run("%load_ext mpinb").status == "ok"
         yield k
         k.run("%mpi stop")

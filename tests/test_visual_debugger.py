@@ -13,7 +13,7 @@ import pytest
 from conftest import leftover_ranks, new_world_tag
 
 from dap_client import DebugClient, Panel
-from kernel_session import INTERNAL_FRAME, kernel
+from kernel_session import INTERNAL_FRAME, jupyter_client_kernel
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.notebook]
 
@@ -24,7 +24,7 @@ RANK_THREAD = 1 << 40  # the first rank's thread id (mpinb/wire/debug_ids.py); t
 @pytest.fixture(scope="module")
 def dap():
     tag = new_world_tag()
-    with kernel() as session:
+    with jupyter_client_kernel() as session:
         client = DebugClient(session.client)
         client.session = session
         client.start()  # before mpinb is loaded and the world started
@@ -383,7 +383,7 @@ def test_switching_the_panel_off_lets_every_rank_go_on(dap):
 def test_mpinbs_own_threads_in_the_kernel_never_stop_its_debugger():
     """mpinb's warm-up thread imports matplotlib, and numpy raises and handles exceptions as it loads: with the
     panel's exception filters on, the kernel's debugpy stopped the whole kernel there (seen in a full run)."""
-    with kernel() as session:
+    with jupyter_client_kernel() as session:
         client = DebugClient(session.client)
         try:
             client.start()
