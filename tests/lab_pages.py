@@ -124,7 +124,6 @@ def notebook_in_lab(root, name, tmp_path, monkeypatch, *, viewport, screenshot):
             yield opened
 
 
-
 def use_theme(page, theme):
     """Switch JupyterLab to *theme* and wait until its variables apply."""
     page.evaluate("theme => window.jupyterapp.commands.execute('apputils:change-theme', {theme})", theme)
@@ -134,28 +133,3 @@ def use_theme(page, theme):
     want = "rgb(255, 255, 255)" if light == "true" else "rgb(17, 17, 17)"
     wait_for(lambda: page.evaluate("getComputedStyle(document.querySelector('.jp-Notebook')).backgroundColor") == want,
              f"the notebook's background in {theme}", 30, 0.2)
-    drawn_still(page, f"the outputs redrawn in {theme}")  # bqplot reads the theme's colours when it draws
-
-
-# What the outputs draw: every SVG text, path and rect with its place, shape and colours, and every image with whether
-# it has loaded. Two readings in a row alike: nothing is drawing any more.
-DRAWING = """() => JSON.stringify([
-  ...[...document.querySelectorAll('.jp-OutputArea svg text, .jp-OutputArea svg path, .jp-OutputArea svg rect')]
-    .map(e => {
-      const box = e.getBoundingClientRect(), style = getComputedStyle(e);
-      return [e.tagName, e.textContent, e.getAttribute('d'), Math.round(box.x), Math.round(box.y),
-              Math.round(box.width), Math.round(box.height), style.fill, style.stroke, style.color, style.opacity];
-    }),
-  ...[...document.querySelectorAll('.jp-OutputArea img')].map(i => [i.src.length, i.complete])])"""
-
-
-def drawn_still(page, what, *, timeout=30):
-    """Wait until the outputs' drawing reads the same twice in a row, 0.5 s apart (:data:`DRAWING`)."""
-    last = [None]
-
-    def same():
-        now = page.evaluate(DRAWING)
-        alike, last[0] = now == last[0], now
-        return alike
-
-    wait_for(same, what, timeout, 0.5)

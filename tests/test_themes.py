@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from conftest import leftover_ranks, new_world_tag
 from contrast import AA, contrast, luminance, over, rgb
-from lab_pages import ARTIFACTS, drawn_still, notebook_of, run, use_theme
+from lab_pages import ARTIFACTS, notebook_of, run, use_theme
 from waiting import wait_for
 
 from mpinb.widgets import colors
@@ -410,6 +410,37 @@ def lab(root, name, tmp_path, monkeypatch, *, viewport):
             yield opened
 
 
+# What the outputs draw: every SVG text, path and rect with its place, shape and colours, and every image with whether
+# it has loaded. Two readings in a row alike: nothing is drawing any more.
+DRAWING = """() => JSON.stringify([
+  ...[...document.querySelectorAll('.jp-OutputArea svg text, .jp-OutputArea svg path, .jp-OutputArea svg rect')]
+    .map(e => {
+      const box = e.getBoundingClientRect(), style = getComputedStyle(e);
+      return [e.tagName, e.textContent, e.getAttribute('d'), Math.round(box.x), Math.round(box.y),
+              Math.round(box.width), Math.round(box.height), style.fill, style.stroke, style.color, style.opacity];
+    }),
+  ...[...document.querySelectorAll('.jp-OutputArea img')].map(i => [i.src.length, i.complete])])"""
+
+
+def drawn_still(page, what, *, timeout=30):
+    """Wait until the outputs' drawing reads the same twice in a row, 0.5 s apart (:data:`DRAWING`)."""
+    last = [None]
+
+    def same():
+        now = page.evaluate(DRAWING)
+        alike, last[0] = now == last[0], now
+        return alike
+
+    wait_for(same, what, timeout, 0.5)
+
+
+def switch_theme(page, theme):
+    """Switch JupyterLab to *theme*, then wait until the outputs are drawn again in its colours (bqplot reads them
+    when it draws)."""
+    use_theme(page, theme)
+    drawn_still(page, f"the outputs drawn in {theme}")
+
+
 def measure(page, cells, theme, shots):
     """Contrasts and overlaps of every view in *theme*, with screenshots of the page and of each view."""
     roots = []
@@ -493,7 +524,7 @@ def test_every_view_reads_at_wcag_aa_in_the_light_and_the_dark_theme(tmp_path, m
         with lab(root, "themes.ipynb", tmp_path, monkeypatch, viewport={"width": 1400, "height": 1400}) as (
                 page, cells):
             page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
-            use_theme(page, "JupyterLab Light")
+            switch_theme(page, "JupyterLab Light")
             for index in range(len(THEMED) - 1):
                 run(cells.nth(index), page, wait=True)
             cells.nth(11).locator(".jp-OutputArea img").first.wait_for(timeout=60_000)
@@ -502,7 +533,7 @@ def test_every_view_reads_at_wcag_aa_in_the_light_and_the_dark_theme(tmp_path, m
             drawn_still(page, "the live charts drawn")
             lightness = {}
             for theme in ("JupyterLab Light", "JupyterLab Dark"):
-                use_theme(page, theme)
+                switch_theme(page, theme)
                 measured[theme] = measure(page, cells, theme, shots)
                 lightness[theme] = chart_lightness(page, cells, theme.split()[-1].lower(), shots)
             measured["HTML export"] = measure_export(page, cells, shots)
@@ -510,7 +541,7 @@ def test_every_view_reads_at_wcag_aa_in_the_light_and_the_dark_theme(tmp_path, m
             run(cells.nth(len(THEMED) - 1), page, wait=True)
             # the notebook as saved, reopened in the dark theme: its static views read, and no chart glares
             cells = reload_saved(page, root, "themes.ipynb", len(THEMED))
-            use_theme(page, "JupyterLab Dark")
+            switch_theme(page, "JupyterLab Dark")
             roots = []
             for index, view in STATIC.items():
                 output = cells.nth(index).locator(".jp-OutputArea")
