@@ -10,7 +10,7 @@ training step makes most, ``Allreduce(send, receive, op)`` of two numpy arrays, 
 
 import contextlib
 
-from ...wire.mirror import LEFT, RAISED
+from ...wire.mirror import LEFT, MIRROR, RAISED
 from .. import faults
 from . import comms, ledger
 from .arguments import (
@@ -34,6 +34,7 @@ _state = ledger.state
 _now = ledger.now_ns
 _registry = comms.registry
 _arrays, _dtype_names, _mirrored = ARRAYS, DTYPE_NAMES, ledger.mirrored
+_record = MIRROR.pack_into
 _no_bytes = {int, float, type(None)}  # objects whose object_bytes are 0, told without calling it
 _checking = None  # while mpinb's own check runs on the main thread: the call it checks for (own_check)
 _REDUCTION_SPEC = (0, 1, None, 2)  # Allreduce(send, receive, op), Scan, Exscan, Reduce_scatter_block
@@ -77,7 +78,11 @@ def buffer_call(name, spec_name, spec, in_place):
             receive = args[recv_at] if recv_at is not None and recv_at < n else None
             root = args[root_at] if root_at is not None and root_at < n else None
         spans = _state.spans
-        count, dtype, sent, received = buffer_sizes(send, receive, layout, spans is not None)
+        if send is None and receive is None:  # a barrier: nothing to describe
+            count = dtype = None
+            sent = received = 0
+        else:
+            count, dtype, sent, received = buffer_sizes(send, receive, layout, spans is not None)
         if rooted and root is None:
             root = 0
         known = last
@@ -147,7 +152,11 @@ def blocking(base, name, spec, noted):
         if faults.active:  # %mpi inject planted one on this rank
             faults.before()
         start = _now()
-        _state.enter(info, seq, signature, start, fields)
+        _state.current = (info, seq, signature, start)  # _state.enter, in place (the mirror's record: wire/mirror.py)
+        mirror = _state.mirror
+        if mirror is not None:
+            root_field, count_field, op_field, dtype_field, comm_field = fields
+            _record(mirror, 0, 0, 1, seq, root_field, count_field, start, op_field, dtype_field, comm_field)
         done = False
         try:
             value = base(self, *args, **kwargs) if kwargs else base(self, *args)
@@ -157,7 +166,9 @@ def blocking(base, name, spec, noted):
             return value
         finally:
             end = _now()
-            _state.leave(done)
+            _state.current = None  # _state.leave, in place
+            if mirror is not None:
+                mirror[8:16] = LEFT if done else RAISED
             _state.comm_ns += end - start
             if _state.spans is not None:
                 record_span(name, info.name, root, sent, received, start, end, seq,
@@ -200,7 +211,11 @@ def reduction(base, name, method):
         if faults.active:
             faults.before()
         start = _now()
-        _state.enter(info, seq, signature, start, fields)
+        _state.current = (info, seq, signature, start)  # _state.enter, in place
+        mirror = _state.mirror
+        if mirror is not None:
+            root_field, count_field, op_field, dtype_field, comm_field = fields
+            _record(mirror, 0, 0, 1, seq, root_field, count_field, start, op_field, dtype_field, comm_field)
         done = False
         try:
             value = base(self, send, receive, op)
@@ -209,9 +224,9 @@ def reduction(base, name, method):
                 faults.after(receive)
             return value
         finally:
-            _state.current = None  # _state.leave(done), in place
-            if _state.mirror is not None:
-                _state.mirror[8:16] = LEFT if done else RAISED
+            _state.current = None  # _state.leave, in place
+            if mirror is not None:
+                mirror[8:16] = LEFT if done else RAISED
             _state.comm_ns += _now() - start
 
     return fast
