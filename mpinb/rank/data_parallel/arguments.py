@@ -51,13 +51,12 @@ _PARAMS = ("a torch.nn.Module, a dict of tensors (a state_dict), or an iterable 
 
 def named_tensors(params):
     """``([(name, tensor)], None)`` for what ``broadcast_parameters`` takes, or ``([], problem)``."""
-    from .collectives import DistributedOptimizer
-
     if isinstance(params, torch.Tensor):
         return [("tensor", params)], None
     if isinstance(params, torch.nn.Module):
         return list(params.named_parameters()) + list(params.named_buffers()), None
-    if isinstance(params, (torch.optim.Optimizer, DistributedOptimizer)):
+    # an optimizer, or one wrapped (mpinb.torch.DistributedOptimizer, Lightning's LightningOptimizer)
+    if any(isinstance(each, torch.optim.Optimizer) for each in (params, getattr(params, "optimizer", None))):
         return [], TypeError(f"params must be {_PARAMS}, not an optimizer; for an optimizer's state use "
                              "broadcast_optimizer_state(optimizer)")
     if isinstance(params, Mapping):
