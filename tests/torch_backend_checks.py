@@ -414,8 +414,28 @@ def _():
     close(fsdp_train(MINE), fsdp_train(GLOO), tolerance=1e-5)
 
 
+@check("destroy_process_group(group) frees the group's communicator; a group made after it works")
+def _():
+    group = dist.new_group(list(range(size)))
+    made = group.comm
+    dist.destroy_process_group(group)
+    assert group.comm is None and made == MPI.COMM_NULL, (group.comm, made)
+    again = dist.new_group(list(range(size)))
+    summed = torch.ones(3)
+    dist.all_reduce(summed, group=again)
+    assert summed.tolist() == [float(size)] * 3, summed
+
+
 dist.barrier()
+default_comm = MINE.comm
 dist.destroy_process_group()
+
+
+@check("destroy_process_group() frees the default group's communicator")
+def _():
+    assert MINE.comm is None and default_comm == MPI.COMM_NULL, (MINE.comm, default_comm)
+
+
 if rank == 0:
     print(f"{len(failures)} failed", flush=True)
 sys.exit(1 if failures else 0)

@@ -240,8 +240,10 @@ class MPIProcessGroup(dist.ProcessGroup):
         request = self.comm.Irecv(array(host), src, tag)
         return work.Pending([request], tensors, then=hosted.done if hosted.pairs else None, keep=host)
 
-    def free(self):
-        """Let the communicator go (``destroy_process_group``)."""
+    def shutdown(self):
+        """Free the communicator: torch calls this on ``destroy_process_group`` (of this group, or of the default
+        one, which ends every group), so a notebook that makes and destroys groups cell after cell does not pile
+        up communicators in MPI, whose number is limited."""
         comm, self.comm = self.comm, None
         if comm is not None:
             try:
