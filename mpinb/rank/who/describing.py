@@ -8,8 +8,9 @@ call has copied less than *device_limit* (16 MB): a large one is left unhashed, 
 SHA-1 used as a fingerprint, not for security: through OpenSSL it runs at about 2 GB/s where blake2b runs at
 0.35 GB/s (measured here), so a 100 MB array costs about 35 ms.
 
-The hashing is in ``rank/who/hashing.py`` (and ``rank/who/pickling.py`` for any other value), the words in
-``rank/who/text.py``.
+Here each value is handed to the module of its kind, which says it in words and hashes it: ``arrays.py``,
+``tensors.py`` (tensors, models, optimizers), ``comms.py``, and ``objects.py`` for any other value (through its
+pickle); the digest and the call's budget are in ``digests.py``.
 """
 
 import sys
@@ -17,25 +18,12 @@ import types
 
 import numpy as np
 
-from .hashing import (
-    DEVICE_LIMIT,
-    LIMIT,
-    PICKLE_LIMIT,
-    TOTAL,
-    Budget,
-    describe_comm,
-    feed_array,
-    feed_tensor,
-    first_elements,
-    first_tensor_elements,
-    hasher,
-    is_comm,
-    module_digest,
-    short,
-    tensor_nbytes,
-)
-from .pickling import hash_object
-from .text import clip, dtype_of, shape_of, signature_of, size_text, summary_of, values_text
+from .arrays import describe_array
+from .comms import describe_comm, is_comm
+from .digests import DEVICE_LIMIT, LIMIT, PICKLE_LIMIT, TOTAL, Budget
+from .objects import describe_callable, describe_object, hash_object
+from .tensors import describe_module, describe_optimizer, describe_tensor
+from .text import clip
 
 HIDDEN = frozenset({"In", "Out", "get_ipython", "exit", "quit", "MPI"})  # IPython's own names, and mpinb's MPI
 _TYPE_ONLY = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
@@ -95,22 +83,22 @@ def describe(value, budget=None):
     entry = {"type": type(value).__name__, "shape": None, "dtype": None, "hash": None, "summary": "", "note": None}
     try:
         torch = sys.modules.get("torch")
-        if isinstance(value, np.ndarray):
-            _describe_array(value, entry, budget)
-        elif torch is not None and isinstance(value, torch.Tensor):
-            _describe_tensor(value, entry, budget)
-        elif torch is not None and isinstance(value, torch.nn.Module):
-            _describe_module(value, entry, budget)
-        elif torch is not None and isinstance(value, torch.optim.Optimizer):
-            groups = len(value.param_groups)
-            entry["summary"] = f"{groups} parameter group{'s' if groups != 1 else ''}"
-        elif is_comm(value):
+        if is_comm(value):
             describe_comm(value, entry)
+        elif torch is not None and isinstance(value, torch.nn.Module):
+            describe_module(value, entry, budget)
+        elif torch is not None and isinstance(value, torch.optim.Optimizer):
+            describe_optimizer(value, entry)
+        elif torch is not None and isinstance(value, torch.Tensor):
+            describe_tensor(value, entry, budget)
+        elif isinstance(value, np.ndarray):
+            describe_array(value, entry, budget)
+            if value.dtype.hasobject:  # pointers: hash the objects themselves, through their pickle
+                hash_object(value, entry, budget)
         elif isinstance(value, _TYPE_ONLY):
-            entry["summary"] = signature_of(value)
+            describe_callable(value, entry)
         else:
-            entry["shape"], entry["dtype"], entry["summary"] = shape_of(value), dtype_of(value), summary_of(value)
-            hash_object(value, entry, budget)
+            describe_object(value, entry, budget)
     except Exception as exc:  # noqa: BLE001 - a user object may fail in any way: say so, describe the rest
         entry["hash"] = None
         try:
@@ -121,45 +109,3 @@ def describe(value, budget=None):
     if not entry["summary"]:
         entry["summary"] = f"<{entry['type']}>"
     return entry
-
-
-def _describe_array(array, entry, budget):
-    entry["shape"], entry["dtype"] = tuple(array.shape), str(array.dtype)
-    entry["summary"] = clip(values_text(first_elements(array, 6), array.size > 6, array.ndim))
-    if array.dtype.hasobject:  # pointers: hash the objects themselves, through pickle
-        hash_object(array, entry, budget)
-        return
-    digest = hasher(entry["type"], entry["shape"], entry["dtype"])
-    feed_array(digest, array, budget)
-    entry["hash"], entry["note"] = short(digest), budget.cut_note()
-    if entry["note"] == "not hashed: who's total spent":
-        entry["hash"] = None
-
-
-def _describe_tensor(tensor, entry, budget):
-    entry["shape"] = tuple(tensor.shape)
-    entry["dtype"] = str(tensor.dtype).replace("torch.", "")
-    digest = hasher(entry["type"], entry["shape"], entry["dtype"])
-    why = feed_tensor(digest, tensor, budget)
-    where = "" if tensor.device.type == "cpu" else f"{tensor.device} "
-    if why:
-        entry["note"] = why
-        entry["summary"] = clip(f"{where}{size_text(tensor_nbytes(tensor))}")
-        return
-    entry["hash"], entry["note"] = short(digest), budget.cut_note()
-    if entry["note"] == "not hashed: who's total spent":
-        entry["hash"] = None
-    entry["summary"] = clip(where + values_text(first_tensor_elements(tensor, 6), tensor.numel() > 6, tensor.dim()))
-
-
-def _describe_module(module, entry, budget):
-    parameters = sum(p.numel() for p in module.parameters())
-    entry["parameters"] = parameters
-    devices = sorted({str(t.device) for t in module.state_dict().values() if hasattr(t, "device")})
-    where = "" if devices in ([], ["cpu"]) else f", {', '.join(devices)}"
-    entry["summary"] = clip(f"{parameters:,} parameters{where}")
-    digest, why = module_digest(module, budget)
-    entry["hash"] = None if why else short(digest)
-    entry["note"] = why or budget.cut_note()
-    if entry["note"] == "not hashed: who's total spent":
-        entry["hash"] = None

@@ -1,21 +1,95 @@
-"""Hashing any other value for ``%mpi who``: through its pickle, cut off after a limit, with arrays, tensors,
-models, long strings and sets inside hashed their own way."""
+"""Any other value for ``%mpi who``: its words from its ``shape``, ``dtype`` and a short ``repr``, a function or
+class by its signature, and a digest through its pickle, cut off after a limit, with arrays, tensors, models,
+communicators, long strings and sets inside hashed their own way."""
 
+import inspect
 import pickle
+import reprlib
 import sys
 
 import numpy as np
 
-from .hashing import (
-    describe_comm,
-    feed_array,
-    feed_tensor,
-    hasher,
-    is_comm,
-    module_digest,
-    short,
-)
-from .text import MB, size_text
+from .arrays import feed_array
+from .comms import describe_comm, is_comm
+from .digests import hasher, short
+from .tensors import feed_tensor, module_digest
+from .text import MB, SUMMARY, clip, size_text
+
+SET_MEMBERS = 100_000  # members of a set hashed at most (they are sorted first)
+
+
+def describe_object(value, entry, budget):
+    """*entry* for *value*: its shape and dtype when it has them, a short ``repr``, and its pickle's digest."""
+    entry["shape"], entry["dtype"], entry["summary"] = shape_of(value), dtype_of(value), summary_of(value)
+    hash_object(value, entry, budget)
+
+
+def describe_callable(value, entry):
+    """*entry* for a function or class: its signature, no digest."""
+    entry["summary"] = signature_of(value)
+
+
+# ---------------------------------------------------------------- words
+
+
+def shape_of(value):
+    try:
+        shape = getattr(value, "shape", None)
+    except Exception:  # noqa: BLE001 - a property of a user object may raise
+        return None
+    if isinstance(shape, tuple) and all(isinstance(n, (int, np.integer)) for n in shape):
+        return tuple(int(n) for n in shape)
+    return None
+
+
+def dtype_of(value):
+    if isinstance(value, (np.generic,)):
+        return str(value.dtype)
+    try:
+        dtype = getattr(value, "dtype", None)
+    except Exception:  # noqa: BLE001
+        return None
+    if dtype is None or not isinstance(dtype, (np.dtype, type)) and type(dtype).__module__.split(".")[0] not in (
+            "torch", "numpy", "jax", "jaxlib", "tensorflow", "pandas", "ml_dtypes"):
+        return None
+    return str(dtype).replace("torch.", "")
+
+
+class _Repr(reprlib.Repr):
+    def repr_instance(self, value, level):
+        try:
+            return repr(value)
+        except Exception as exc:  # noqa: BLE001 - a user type's __repr__ may raise
+            return f"<{type(value).__name__}: repr() raised {type(exc).__name__}>"
+
+
+_repr = _Repr()
+_repr.maxstring = _repr.maxother = SUMMARY
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = _repr.maxfrozenset = 6
+
+
+def summary_of(value):
+    if isinstance(value, (bytes, bytearray)) and len(value) > SUMMARY:
+        return clip(f"{len(value):,} bytes: {value[:SUMMARY]!r}")
+    try:
+        text = _repr.repr(value)
+    except Exception as exc:  # noqa: BLE001 - a user type's __repr__ may raise
+        return f"<{type(value).__name__}: repr() raised {type(exc).__name__}>"
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 6:
+        text = f"{len(value):,} items: {text}"
+    return clip(" ".join(text.split()))
+
+
+def signature_of(value):
+    if isinstance(value, type):
+        return clip(f"class {value.__qualname__}")
+    try:
+        return clip(f"def {value.__name__}{inspect.signature(value)}")
+    except (TypeError, ValueError, AttributeError):
+        return clip(f"def {getattr(value, '__name__', type(value).__name__)}(…)")
+
+
+# ---------------------------------------------------------------- the digest, through pickle
 
 
 def hash_object(value, entry, budget):
@@ -57,6 +131,9 @@ class _Sink:
         if self.left < 0:
             raise _Stop
         return len(data)
+
+
+_PLAIN = frozenset({int, float, complex, bool, type(None), tuple, list, dict})
 
 
 class _Pickler(pickle.Pickler):
@@ -123,7 +200,3 @@ class _Pickler(pickle.Pickler):
             _Pickler(digest, self.budget).dump(member)
             digests.append(digest.hexdigest())
         return tuple(sorted(digests))
-
-
-_PLAIN = frozenset({int, float, complex, bool, type(None), tuple, list, dict})
-SET_MEMBERS = 100_000  # members of a set hashed at most (they are sorted first)
