@@ -1,8 +1,16 @@
 """What the MPI panel says of each rank, from the roll-call answers, reports and replies the running cell brings
-(``notebook/panel/model.py``): a plain object, checked without a world."""
+(``notebook/panel/model.py``): a plain object, checked without a world; and what a real rank puts in its answer.
+"""
+
+import dataclasses
+
+import psutil
+import pytest
+from waiting import wait_for
 
 from mpinb.notebook.panel.model import PanelModel, holding_up
-from mpinb.wire.kinds import Wait, WhereAnswer
+from mpinb.notebook.panel.publisher import CALLS
+from mpinb.wire.kinds import Wait, Where, WhereAnswer
 
 CELL_FILE = "<mpinb-cell-7>"
 WORLD = {"identities": {rank: {"host": "here", "pid": 100 + rank} for rank in range(3)}, "size": 3, "mpi": "MPICH",
@@ -79,3 +87,39 @@ def test_losses_keep_the_last_values_of_the_loss_or_the_first_metric():
     assert len(rows[0]["losses"]) == 60 and rows[0]["losses"][-1] == 1.0 / 100 and rows[0]["loss_name"] == "loss"
     assert rows[1]["losses"] == [0.25] and rows[1]["loss_name"] == "acc"
     assert (rows[0]["cpu"], rows[0]["rss"]) == (50.0, 1 << 20) and rows[1]["cpu"] is None
+
+
+def test_a_rank_on_another_host_shows_the_cpu_and_memory_it_told_in_its_answers():
+    """The notebook cannot read the process of a rank on another host: each roll-call answer carries the rank's
+    clock, CPU seconds and resident bytes, and the row shows its percent of one core between two answers."""
+    model = running(PanelModel())
+    world = {**WORLD, "local": [0, 1]}
+    here = {0: (5.0, 1 << 20), 1: (6.0, 2 << 20)}
+    model.where(2, dataclasses.replace(at(7), usage=(10.0, 1.0, 50 << 20)), now=1.0)
+    rows = model.snapshot(world, usage=here)["ranks"]
+    assert [(row["cpu"], row["rss"]) for row in rows] == [(5.0, 1 << 20), (6.0, 2 << 20), (None, 50 << 20)]
+    model.where(2, dataclasses.replace(at(7), usage=(10.5, 1.4, 60 << 20)), now=1.5)
+    model.where(0, dataclasses.replace(at(7), usage=(10.5, 9.0, 9 << 20)), now=1.5)
+    rows = model.snapshot(world, usage=here)["ranks"]
+    assert (rows[2]["cpu"], rows[2]["rss"]) == (80.0, 60 << 20)
+    assert (rows[0]["cpu"], rows[0]["rss"]) == (5.0, 1 << 20)  # a rank here: its process, read here
+    model.where(2, dataclasses.replace(at(7), usage=(11.0, 0.1, 40 << 20)), now=2.0)  # restarted: CPU time fell
+    assert model.snapshot(world, usage=here)["ranks"][2]["cpu"] is None
+
+
+@pytest.mark.mpi
+def test_a_ranks_roll_call_answer_carries_what_its_process_used(world_of, mpi):
+    """Asked by a roll call (the panel's, twice a second), each rank answers with its clock, its process's CPU
+    seconds and its resident bytes, which agree with what the process table says of that rank."""
+    world = world_of(2)
+    mpi("import numpy as np\nheld = np.ones(64 << 17)  # 64 MB, touched")
+    world.channel.roll_call([0, 1], CALLS + 17)
+    answers = {}
+    wait_for(lambda: answers.update({message.rank: message.where for message in world.channel.receive(0.2)
+                                     if isinstance(message, Where) and message.where.asked == CALLS + 17})
+             or len(answers) == 2, "both ranks' answers", 30)
+    for rank, where in answers.items():
+        process = psutil.Process(world.identities[rank]["pid"])
+        clock, cpu, resident = where.usage
+        assert 0 < cpu <= sum(process.cpu_times()[:2]) + 0.1, (cpu, process.cpu_times())
+        assert 64 << 20 < resident and 0.5 < resident / process.memory_info().rss < 2, (resident, process.memory_info())

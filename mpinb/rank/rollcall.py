@@ -12,8 +12,10 @@ host (``native_stack.own``), from a thread of its own.
 """
 
 import dataclasses
+import os
 import queue
 import threading
+import time
 
 import zmq
 
@@ -55,7 +57,8 @@ class RollCall(threading.Thread):
             if events:
                 match self.verifier.unpack(self.socket.recv_multipart()):
                     case kinds.RollCall(number):
-                        self._send(Where(self.rank, self.cell, dataclasses.replace(self.where(), asked=number)))
+                        self._send(Where(self.rank, self.cell, dataclasses.replace(self.where(), asked=number,
+                                                                                   usage=own_usage())))
                     case Stdin(line):
                         from .debug import post_mortem as debug
 
@@ -104,3 +107,17 @@ class RollCall(threading.Thread):
     def close(self):
         self.closing = True
         self.join(timeout=1)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def own_usage():
+    """(this process's monotonic clock, its CPU seconds, its resident bytes or ``None``): what the MPI panel shows
+    of a rank on another host, whose process the notebook cannot read."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            resident = int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):  # not Linux
+        resident = None
+    return time.monotonic(), time.process_time(), resident

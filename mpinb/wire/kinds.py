@@ -132,7 +132,7 @@ class WhereAnswer:
     """Where a rank is, MPI-wise: the collective it waits in, its ledgers, the point-to-point call it is in, its
     main thread's stack ``((file, line, function), ...)`` and the file its cell was compiled as; *asked*: the roll
     call it answers (``None``: sent unasked, a :class:`Waiting`); *mirrored*: read from its mirror file and stack
-    dump in the notebook, since it could not answer."""
+    dump in the notebook, since it could not answer; *usage*: what the rank's process used, for the MPI panel."""
 
     waiting: Wait | None = None
     ledgers: dict = field(default_factory=dict)
@@ -141,6 +141,7 @@ class WhereAnswer:
     cell_file: str = ""
     asked: int | None = None
     mirrored: bool = False
+    usage: tuple | None = None  # answering a roll call: (its clock, its process's CPU seconds, resident bytes)
 
 
 class Cell(NamedTuple):

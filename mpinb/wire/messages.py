@@ -21,7 +21,7 @@ import zmq
 from zmq.utils import z85
 
 SIGNATURE = 32  # bytes of HMAC-SHA256
-PROTOCOL = 7  # raise it when a message's layout or meaning changes: notebook and ranks must agree
+PROTOCOL = 8  # raise it when a message's layout or meaning changes: notebook and ranks must agree
 
 
 class ProtocolMismatch(RuntimeError):

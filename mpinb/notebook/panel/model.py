@@ -25,6 +25,9 @@ class PanelModel:
         self.lock = threading.Lock()
         self.cell = None  # {"number", "started", "ranks", "code"} while a %%mpi cell runs
         self.wheres = {}  # rank -> (WhereAnswer, monotonic time it came)
+        # rank -> (its clock, its CPU seconds, CPU percent, resident bytes): what a rank says of its own process
+        # in its roll-call answers, shown for a rank on another host, whose process this one cannot read
+        self.told = {}
         self.finished = {}  # rank -> "ok" or "error", for the running cell
         self.prompts = set()  # ranks whose debugger waits at a prompt in the notebook
         self.losses = collections.defaultdict(lambda: collections.deque(maxlen=LOSSES))
@@ -44,6 +47,8 @@ class PanelModel:
     def where(self, rank, where, now=None):
         with self.lock:
             self.wheres[rank] = (where, time.monotonic() if now is None else now)
+            if where.usage is not None:
+                self.told[rank] = told_usage(self.told.get(rank), where.usage)
 
     def prompt(self, rank, waiting=True):
         with self.lock:
@@ -83,10 +88,12 @@ class PanelModel:
 
     def snapshot(self, world, usage=None, dead=(), now=None):
         """The panel's JSON for *world* (a dict: ``world`` describes it, ``ranks`` one row each); *usage*:
-        ``{rank: (cpu percent, resident bytes)}``; *dead*: ``{rank: why}``."""
+        ``{rank: (cpu percent, resident bytes)}`` of the ranks on this host (the others' are what they told);
+        *dead*: ``{rank: why}``."""
         now = time.monotonic() if now is None else now
         usage, dead = usage or {}, dict(dead)
         with self.lock:
+            usage = {**{rank: told[2:] for rank, told in self.told.items() if rank not in world["local"]}, **usage}
             cell = dict(self.cell) if self.cell else None
             wheres, finished, prompts = dict(self.wheres), dict(self.finished), set(self.prompts)
             losses = {rank: list(values) for rank, values in self.losses.items()}
@@ -190,3 +197,14 @@ def holding_up(cell, wheres, finished, now, *, after=0.2):
         reasons[rank] = (f"holding up {label_ranks(inside)}: they wait in {_operation(oldest)} on {oldest.comm} "
                          f"for {oldest.waited:.1f} s; it {doing}")
     return reasons
+
+
+def told_usage(before, usage):
+    """(the rank's clock, CPU seconds, CPU percent, resident bytes) from a rank's roll-call *usage* (its clock, its
+    process's CPU seconds, resident bytes) and what it told *before* (``None`` at first): the percent is of one
+    core since its previous answer, and unknown at first and after a restart (its CPU seconds fell)."""
+    clock, cpu, resident = usage
+    percent = None
+    if before is not None and clock > before[0] and cpu >= before[1]:
+        percent = round(100 * (cpu - before[1]) / (clock - before[0]), 1)
+    return clock, cpu, percent, resident
