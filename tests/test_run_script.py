@@ -244,7 +244,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-dist.init_process_group("gloo")
+dist.init_process_group(BACKEND)
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(4, 1))
@@ -258,18 +258,20 @@ dist.destroy_process_group()
 """
 
 
-def test_a_ddp_script_that_destroys_its_group_is_let_out_of_uneven_inputs_and_runs_again(ip, world_of, mpi,
-                                                                                         capfd, tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", "mpi4py"])
+def test_a_ddp_script_that_destroys_its_group_is_let_out_of_uneven_inputs_and_runs_again(ip, world_of, mpi, capfd,
+                                                                                         tmp_path, backend):
     """A plain DDP script that ends with ``destroy_process_group()``, as the PyTorch DDP tutorial does, with one
     batch more on rank 0: rank 1 finishes and destroys its group while rank 0 waits in its last step's
-    all_reduce. Rank 1 stands in for that step on the group it destroyed (its DDP model still holds it): the
-    world and the run's globals are kept. Run again, rank 0's group (which it never got to destroy) is ended
+    all_reduce. Rank 1 stands in for that step on the group it destroyed (its DDP model still holds it; the
+    mpi4py backend frees a destroyed group's communicator only when the next group is made): the world and the
+    run's globals are kept. Run again, rank 0's group (which it never got to destroy) is ended
     first, so ``init_process_group`` meets on both ranks, as in new processes."""
     pytest.importorskip("torch")
     world_of(2)
     # as a new torchrun worker: no group yet (an earlier test's cells may have made one in this shared world)
     mpi("import torch.distributed as dist\nif dist.is_initialized():\n    dist.destroy_process_group()")
-    path = script(tmp_path, DDP_TUTORIAL_UNEVEN, name="ddp_uneven.py")
+    path = script(tmp_path, DDP_TUTORIAL_UNEVEN.replace("BACKEND", repr(backend)), name="ddp_uneven.py")
     for run in range(2):
         capfd.readouterr()
         with pytest.raises(RankError) as info:

@@ -47,9 +47,10 @@ def _create(options, backend_options=None):
     default group's by ``Create_group``, collective over its members only, as torch calls this on members only."""
     from mpi4py import MPI
 
-    from .group import MPIProcessGroup
+    from .group import MPIProcessGroup, free_retired
 
     global _default
+    free_retired()
     ranks = list(options.global_ranks_in_group or [])
     rank, size = options.group_rank, options.group_size
     if not ranks or _default is None:

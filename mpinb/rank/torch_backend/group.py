@@ -241,15 +241,13 @@ class MPIProcessGroup(dist.ProcessGroup):
         return work.Pending([request], tensors, then=hosted.done if hosted.pairs else None, keep=host)
 
     def shutdown(self):
-        """Free the communicator: torch calls this on ``destroy_process_group`` (of this group, or of the default
-        one, which ends every group), so a notebook that makes and destroys groups cell after cell does not pile
-        up communicators in MPI, whose number is limited."""
-        comm, self.comm = self.comm, None
-        if comm is not None:
-            try:
-                comm.Free()
-            except Exception:  # noqa: BLE001 - MPI already finalised at exit: nothing to free
-                pass
+        """torch calls this on ``destroy_process_group`` (of this group, or of the default one, which ends every
+        group). The communicator is retired, not freed yet: a rank that destroyed its group after its last DDP step
+        still stands in, on this group, for the steps the other ranks are in (``rank/settle.py``); it is freed when
+        the next group is made (:func:`free_retired`), so a notebook that makes and destroys groups cell after cell
+        does not pile up communicators in MPI, whose number is limited."""
+        if self.comm is not None and all(comm is not self.comm for comm in RETIRED):
+            RETIRED.append(self.comm)
 
 
 for _name, _call in (("allreduce", "all_reduce"), ("reduce", "reduce"), ("broadcast", "broadcast"),
@@ -275,3 +273,17 @@ MPIProcessGroup.reduce_scatter_single = MPIProcessGroup._reduce_scatter_base
 MPIProcessGroup.all_to_all_single = MPIProcessGroup.alltoall_base
 MPIProcessGroup.all_gather_single_coalesced = MPIProcessGroup.allgather_into_tensor_coalesced
 MPIProcessGroup.reduce_scatter_single_coalesced = MPIProcessGroup.reduce_scatter_tensor_coalesced
+
+
+RETIRED = []  # the communicators of destroyed groups, freed when the next group is made
+
+
+def free_retired():
+    """Free the communicators of the groups destroyed so far (each rank frees its own; freeing is local in MPI's
+    implementations, and a communicator freed is ``COMM_NULL`` to a group that still holds it)."""
+    while RETIRED:
+        comm = RETIRED.pop()
+        try:
+            comm.Free()
+        except Exception:  # noqa: BLE001 - MPI already finalised at exit: nothing to free
+            pass

@@ -3,7 +3,8 @@
 while a cell is traced. mpinb's own checks mark their collectives here (:func:`own_check`).
 
 A training loop calls the same collective on the same buffers again and again: each method keeps the last call's
-signature, mirror fields and span detail, and the next call that matches uses them as they are. The call a
+signature and mirror fields (and a buffer collective its span detail; the pickle-based ones share the last detail,
+which depends only on the object's type and the op), and the next call that matches uses them as they are. The call a
 training step makes most, ``Allreduce(send, receive, op)`` of two numpy arrays, has its own method
 (:func:`reduction`), which finds out nothing but the arrays' size and type.
 """
@@ -170,9 +171,11 @@ def blocking(base, name, spec, noted):
             if mirror is not None:
                 mirror[8:16] = LEFT if done else RAISED
             _state.comm_ns += end - start
-            if _state.spans is not None:
-                record_span(name, info.name, root, sent, received, start, end, seq,
-                            "collective" if _checking is None else "mpinb", detail)
+            spans = _state.spans  # read once: another thread may stop the spans meanwhile
+            if spans is not None:  # record_span, in place
+                spans.append((name, info.name, root, sent, received, start, end, seq,
+                              "collective" if _checking is None else "mpinb", detail))
+                _state.recorded += 1
 
     return method
 
@@ -285,10 +288,12 @@ def object_collective(base, name, spec):
             end = _now()
             _state.leave(done)
             _state.comm_ns += end - start
-            if _state.spans is not None:
+            spans = _state.spans  # read once: another thread may stop the spans meanwhile
+            if spans is not None:
                 sent, received, detail = object_span(args, kwargs, spec, value)
-                record_span(name, info.name, root, sent, received, start, end, seq,
-                            "collective" if _checking is None else "mpinb", detail)
+                spans.append((name, info.name, root, sent, received, start, end, seq,
+                              "collective" if _checking is None else "mpinb", detail))
+                _state.recorded += 1
 
     return method
 
