@@ -95,16 +95,18 @@ def test_a_rank_on_another_host_shows_the_cpu_and_memory_it_told_in_its_answers(
     model = running(PanelModel())
     world = {**WORLD, "local": [0, 1]}
     here = {0: (5.0, 1 << 20), 1: (6.0, 2 << 20)}
-    model.where(2, dataclasses.replace(at(7), usage=(10.0, 1.0, 50 << 20)), now=1.0)
+    model.where(2, dataclasses.replace(at(7), usage=(10.0, 1.0, 50 << 20, 102)), now=1.0)
     rows = model.snapshot(world, usage=here)["ranks"]
     assert [(row["cpu"], row["rss"]) for row in rows] == [(5.0, 1 << 20), (6.0, 2 << 20), (None, 50 << 20)]
-    model.where(2, dataclasses.replace(at(7), usage=(10.5, 1.4, 60 << 20)), now=1.5)
-    model.where(0, dataclasses.replace(at(7), usage=(10.5, 9.0, 9 << 20)), now=1.5)
+    model.where(2, dataclasses.replace(at(7), usage=(10.5, 1.4, 60 << 20, 102)), now=1.5)
+    model.where(0, dataclasses.replace(at(7), usage=(10.5, 9.0, 9 << 20, 100)), now=1.5)
     rows = model.snapshot(world, usage=here)["ranks"]
     assert (rows[2]["cpu"], rows[2]["rss"]) == (80.0, 60 << 20)
     assert (rows[0]["cpu"], rows[0]["rss"]) == (5.0, 1 << 20)  # a rank here: its process, read here
-    model.where(2, dataclasses.replace(at(7), usage=(11.0, 0.1, 40 << 20)), now=2.0)  # restarted: CPU time fell
-    assert model.snapshot(world, usage=here)["ranks"][2]["cpu"] is None
+    model.where(2, dataclasses.replace(at(7), usage=(11.0, 0.1, 40 << 20, 202)), now=2.0)  # another process
+    assert model.snapshot(world, usage=here)["ranks"][2]["cpu"] is None  # not the world's rank 2 (pid 102)
+    restarted = {**world, "identities": {**world["identities"], 2: {"host": "there", "pid": 202}}}
+    assert [model.snapshot(restarted, usage=here)["ranks"][2][key] for key in ("cpu", "rss")] == [None, 40 << 20]
 
 
 @pytest.mark.mpi
@@ -120,6 +122,7 @@ def test_a_ranks_roll_call_answer_carries_what_its_process_used(world_of, mpi):
              or len(answers) == 2, "both ranks' answers", 30)
     for rank, where in answers.items():
         process = psutil.Process(world.identities[rank]["pid"])
-        clock, cpu, resident = where.usage
+        clock, cpu, resident, pid = where.usage
+        assert pid == process.pid
         assert 0 < cpu <= sum(process.cpu_times()[:2]) + 0.1, (cpu, process.cpu_times())
         assert 64 << 20 < resident and 0.5 < resident / process.memory_info().rss < 2, (resident, process.memory_info())

@@ -113,11 +113,11 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def own_usage():
-    """(this process's monotonic clock, its CPU seconds, its resident bytes or ``None``): what the MPI panel shows
-    of a rank on another host, whose process the notebook cannot read."""
+    """(this process's monotonic clock, its CPU seconds, its resident bytes or ``None``, its pid): what the MPI
+    panel shows of a rank on another host, whose process the notebook cannot read."""
     try:
         with open("/proc/self/statm", "rb") as statm:
             resident = int(statm.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):  # not Linux
         resident = None
-    return time.monotonic(), time.process_time(), resident
+    return time.monotonic(), time.process_time(), resident, os.getpid()

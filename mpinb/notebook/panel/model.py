@@ -25,7 +25,7 @@ class PanelModel:
         self.lock = threading.Lock()
         self.cell = None  # {"number", "started", "ranks", "code"} while a %%mpi cell runs
         self.wheres = {}  # rank -> (WhereAnswer, monotonic time it came)
-        # rank -> (its clock, its CPU seconds, CPU percent, resident bytes): what a rank says of its own process
+        # rank -> (its clock, its CPU seconds, pid, CPU percent, resident bytes): what a rank says of its process
         # in its roll-call answers, shown for a rank on another host, whose process this one cannot read
         self.told = {}
         self.finished = {}  # rank -> "ok" or "error", for the running cell
@@ -93,7 +93,8 @@ class PanelModel:
         now = time.monotonic() if now is None else now
         usage, dead = usage or {}, dict(dead)
         with self.lock:
-            usage = {**{rank: told[2:] for rank, told in self.told.items() if rank not in world["local"]}, **usage}
+            usage = {**{rank: told[3:] for rank, told in self.told.items() if rank not in world["local"]
+                        and told[2] == world["identities"].get(rank, {}).get("pid")}, **usage}
             cell = dict(self.cell) if self.cell else None
             wheres, finished, prompts = dict(self.wheres), dict(self.finished), set(self.prompts)
             losses = {rank: list(values) for rank, values in self.losses.items()}
@@ -200,11 +201,12 @@ def holding_up(cell, wheres, finished, now, *, after=0.2):
 
 
 def told_usage(before, usage):
-    """(the rank's clock, CPU seconds, CPU percent, resident bytes) from a rank's roll-call *usage* (its clock, its
-    process's CPU seconds, resident bytes) and what it told *before* (``None`` at first): the percent is of one
-    core since its previous answer, and unknown at first and after a restart (its CPU seconds fell)."""
-    clock, cpu, resident = usage
+    """(the rank's clock, CPU seconds, pid, CPU percent, resident bytes) from a rank's roll-call *usage* (its clock,
+    its process's CPU seconds, resident bytes, pid) and what it told *before* (``None`` at first): the percent is of
+    one core since its previous answer of the same process, and unknown at first (a rank restarted is another
+    process; the row shows what a rank told only while its pid is the world's)."""
+    clock, cpu, resident, pid = usage
     percent = None
-    if before is not None and clock > before[0] and cpu >= before[1]:
+    if before is not None and before[2] == pid and clock > before[0] and cpu >= before[1]:
         percent = round(100 * (cpu - before[1]) / (clock - before[0]), 1)
-    return clock, cpu, percent, resident
+    return clock, cpu, pid, percent, resident
