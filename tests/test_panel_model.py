@@ -95,18 +95,29 @@ def test_a_rank_on_another_host_shows_the_cpu_and_memory_it_told_in_its_answers(
     model = running(PanelModel())
     world = {**WORLD, "local": [0, 1]}
     here = {0: (5.0, 1 << 20), 1: (6.0, 2 << 20)}
-    model.where(2, dataclasses.replace(at(7), usage=(10.0, 1.0, 50 << 20, 102)), now=1.0)
+    model.where(2, dataclasses.replace(at(7), usage=(10.0, 1.0, 50 << 20, 102, None)), now=1.0)
     rows = model.snapshot(world, usage=here)["ranks"]
     assert [(row["cpu"], row["rss"]) for row in rows] == [(5.0, 1 << 20), (6.0, 2 << 20), (None, 50 << 20)]
-    model.where(2, dataclasses.replace(at(7), usage=(10.5, 1.4, 60 << 20, 102)), now=1.5)
-    model.where(0, dataclasses.replace(at(7), usage=(10.5, 9.0, 9 << 20, 100)), now=1.5)
+    model.where(2, dataclasses.replace(at(7), usage=(10.5, 1.4, 60 << 20, 102, None)), now=1.5)
+    model.where(0, dataclasses.replace(at(7), usage=(10.5, 9.0, 9 << 20, 100, None)), now=1.5)
     rows = model.snapshot(world, usage=here)["ranks"]
     assert (rows[2]["cpu"], rows[2]["rss"]) == (80.0, 60 << 20)
     assert (rows[0]["cpu"], rows[0]["rss"]) == (5.0, 1 << 20)  # a rank here: its process, read here
-    model.where(2, dataclasses.replace(at(7), usage=(11.0, 0.1, 40 << 20, 202)), now=2.0)  # another process
+    model.where(2, dataclasses.replace(at(7), usage=(11.0, 0.1, 40 << 20, 202, None)), now=2.0)  # another process
     assert model.snapshot(world, usage=here)["ranks"][2]["cpu"] is None  # not the world's rank 2 (pid 102)
     restarted = {**world, "identities": {**world["identities"], 2: {"host": "there", "pid": 202}}}
     assert [model.snapshot(restarted, usage=here)["ranks"][2][key] for key in ("cpu", "rss")] == [None, 40 << 20]
+
+
+def test_a_rank_that_uses_its_gpu_shows_the_memory_torch_holds_there_and_the_devices_use():
+    """A rank whose code has used CUDA says, in each answer, the bytes torch's allocator holds on its device and
+    the device's use (NVML's); a rank here shows them too, beside the CPU and memory read from its process."""
+    model = running(PanelModel())
+    model.where(0, dataclasses.replace(at(7), usage=(10.0, 1.0, 50 << 20, 100, (3 << 30, 45))), now=1.0)
+    model.where(1, dataclasses.replace(at(7), usage=(10.0, 1.0, 50 << 20, 101, (1 << 30, None))), now=1.0)
+    rows = model.snapshot(WORLD, usage={0: (5.0, 1 << 20)})["ranks"]
+    assert [(row["gpu_memory"], row["gpu_use"]) for row in rows] == [(3 << 30, 45), (1 << 30, None), (None, None)]
+    assert (rows[0]["cpu"], rows[0]["rss"]) == (5.0, 1 << 20)
 
 
 @pytest.mark.mpi
@@ -122,7 +133,7 @@ def test_a_ranks_roll_call_answer_carries_what_its_process_used(world_of, mpi):
              or len(answers) == 2, "both ranks' answers", 30)
     for rank, where in answers.items():
         process = psutil.Process(world.identities[rank]["pid"])
-        clock, cpu, resident, pid = where.usage
-        assert pid == process.pid
+        clock, cpu, resident, pid, gpu = where.usage
+        assert pid == process.pid and gpu is None  # no CUDA used
         assert 0 < cpu <= sum(process.cpu_times()[:2]) + 0.1, (cpu, process.cpu_times())
         assert 64 << 20 < resident and 0.5 < resident / process.memory_info().rss < 2, (resident, process.memory_info())

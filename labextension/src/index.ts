@@ -95,7 +95,7 @@ class Section {
       nodes.label.textContent = row.label;
       nodes.where.textContent = row.where;
       nodes.text.textContent = row.text;
-      nodes.usage.textContent = `CPU ${row.cpu} · ${row.memory}`;
+      nodes.usage.textContent = `CPU ${row.cpu} · ${row.memory}${row.gpu ? ' · ' + row.gpu : ''}`;
       nodes.loss.textContent = row.loss;
       nodes.line.setAttribute('points', row.spark);
       nodes.holding.hidden = row.holding === null;

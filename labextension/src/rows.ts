@@ -9,6 +9,8 @@ export interface RankState {
   text: string;
   cpu: number | null;
   rss: number | null;
+  gpu_memory?: number | null; // bytes torch holds on the rank's GPU, once it used one
+  gpu_use?: number | null; // the device's use in percent
   loss_name: string | null;
   losses: number[];
   holding: string | null;
@@ -41,6 +43,7 @@ export interface Row {
   text: string;
   cpu: string;
   memory: string;
+  gpu: string; // "GPU 3.0 GiB · 45%", "" for a rank without a GPU
   loss: string; // the last value, with its name
   spark: string; // an SVG polyline's points, "" when fewer than two values
   holding: string | null;
@@ -93,6 +96,15 @@ export function sparkline(values: number[], width = SPARK_WIDTH, height = SPARK_
     .join(' ');
 }
 
+/** What a rank's GPU holds and how busy it is: "GPU 3.0 GiB · 45%", "" when the rank has used none. */
+export function gpu(rank: RankState): string {
+  if (rank.gpu_memory === null || rank.gpu_memory === undefined) {
+    return '';
+  }
+  const use = rank.gpu_use === null || rank.gpu_use === undefined ? '' : ` · ${rank.gpu_use.toFixed(0)}%`;
+  return `GPU ${bytes(rank.gpu_memory)}${use}`;
+}
+
 export function toRow(rank: RankState): Row {
   const last = rank.losses.length ? rank.losses[rank.losses.length - 1] : null;
   return {
@@ -103,6 +115,7 @@ export function toRow(rank: RankState): Row {
     text: rank.text,
     cpu: rank.cpu === null || rank.cpu === undefined ? '–' : `${rank.cpu.toFixed(0)}%`,
     memory: bytes(rank.rss),
+    gpu: gpu(rank),
     loss: last === null ? '' : `${rank.loss_name ?? 'loss'} ${short(last)}`,
     spark: sparkline(rank.losses),
     holding: rank.holding

@@ -80,3 +80,12 @@ test('each action is its magic', () => {
   assert.equal(magic('clear'), '%mpi inject clear');
   assert.equal(magic('debug', 1), '%mpi debug --rank 1');
 });
+
+test('a rank that used its GPU shows what torch holds there and the device use; others show nothing of GPUs', () => {
+  const withGpu = { ...state, ranks: [{ ...state.ranks[0], gpu_memory: 3 * 1024 ** 3, gpu_use: 45.2 },
+                                      { ...state.ranks[1], gpu_memory: 512 * 1024 ** 2, gpu_use: null }] };
+  const [zero, one] = rows(withGpu);
+  assert.equal(zero.gpu, 'GPU 3.0 GiB · 45%');
+  assert.equal(one.gpu, 'GPU 512 MiB');
+  assert.equal(rows(state)[0].gpu, '');
+});

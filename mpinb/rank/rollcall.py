@@ -14,6 +14,7 @@ host (``native_stack.own``), from a thread of its own.
 import dataclasses
 import os
 import queue
+import sys
 import threading
 import time
 
@@ -113,11 +114,31 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def own_usage():
-    """(this process's monotonic clock, its CPU seconds, its resident bytes or ``None``, its pid): what the MPI
-    panel shows of a rank on another host, whose process the notebook cannot read."""
+    """(this process's monotonic clock, its CPU seconds, its resident bytes or ``None``, its pid, its GPU's use or
+    ``None``): what the MPI panel shows of a rank on another host, whose process the notebook cannot read, and of
+    every rank's GPU (:func:`gpu_usage`)."""
     try:
         with open("/proc/self/statm", "rb") as statm:
             resident = int(statm.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):  # not Linux
         resident = None
-    return time.monotonic(), time.process_time(), resident, os.getpid()
+    return time.monotonic(), time.process_time(), resident, os.getpid(), gpu_usage()
+
+
+def gpu_usage():
+    """(bytes torch's CUDA allocator holds on this rank's device, the device's use in percent or ``None``), once
+    the rank's code has used CUDA through torch; else ``None``. Asked from this thread, so it never starts CUDA
+    itself: a rank that has not touched its GPU has nothing to show."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        device = torch.cuda.current_device()
+        memory = torch.cuda.memory_reserved(device)
+    except Exception:  # noqa: BLE001 - a torch without CUDA, or a device gone
+        return None
+    try:
+        use = torch.cuda.utilization(device)  # the whole device's, through NVML (pynvml)
+    except Exception:  # noqa: BLE001 - no NVML: the memory alone
+        use = None
+    return memory, use

@@ -141,7 +141,7 @@ class WhereAnswer:
     cell_file: str = ""
     asked: int | None = None
     mirrored: bool = False
-    usage: tuple | None = None  # answering a roll call: (its clock, its process's CPU seconds, resident bytes, pid)
+    usage: tuple | None = None  # answering a roll call: (clock, process CPU s, resident bytes, pid, GPU)
 
 
 class Cell(NamedTuple):

@@ -25,7 +25,8 @@ class PanelModel:
         self.lock = threading.Lock()
         self.cell = None  # {"number", "started", "ranks", "code"} while a %%mpi cell runs
         self.wheres = {}  # rank -> (WhereAnswer, monotonic time it came)
-        # rank -> (its clock, its CPU seconds, pid, CPU percent, resident bytes): what a rank says of its process
+        # rank -> (its clock, its CPU seconds, pid, CPU percent, resident bytes, GPU bytes and use or None): what a
+        # rank says of its process
         # in its roll-call answers, shown for a rank on another host, whose process this one cannot read
         self.told = {}
         self.finished = {}  # rank -> "ok" or "error", for the running cell
@@ -93,8 +94,9 @@ class PanelModel:
         now = time.monotonic() if now is None else now
         usage, dead = usage or {}, dict(dead)
         with self.lock:
-            usage = {**{rank: told[3:] for rank, told in self.told.items() if rank not in world["local"]
-                        and told[2] == world["identities"].get(rank, {}).get("pid")}, **usage}
+            told = {rank: told for rank, told in self.told.items()
+                    if told[2] == world["identities"].get(rank, {}).get("pid")}  # the world's process, not an old one
+            usage = {**{rank: told[3:5] for rank, told in told.items() if rank not in world["local"]}, **usage}
             cell = dict(self.cell) if self.cell else None
             wheres, finished, prompts = dict(self.wheres), dict(self.finished), set(self.prompts)
             losses = {rank: list(values) for rank, values in self.losses.items()}
@@ -104,8 +106,10 @@ class PanelModel:
         for rank, who in sorted(world["identities"].items()):
             state, text = _state(rank, cell, wheres.get(rank), finished, prompts, dead, now)
             cpu, rss = usage.get(rank, (None, None))
+            gpu_memory, gpu_use = (told[rank][5] if rank in told else None) or (None, None)
             rows.append({"rank": rank, "host": who.get("host", ""), "pid": who.get("pid"), "state": state,
-                         "text": text, "cpu": cpu, "rss": rss, "loss_name": names.get(rank),
+                         "text": text, "cpu": cpu, "rss": rss, "gpu_memory": gpu_memory, "gpu_use": gpu_use,
+                         "loss_name": names.get(rank),
                          "losses": losses.get(rank, []), "holding": None})
         if cell is not None:
             for rank, reason in holding_up(cell, wheres, finished, now).items():
@@ -201,12 +205,13 @@ def holding_up(cell, wheres, finished, now, *, after=0.2):
 
 
 def told_usage(before, usage):
-    """(the rank's clock, CPU seconds, pid, CPU percent, resident bytes) from a rank's roll-call *usage* (its clock,
-    its process's CPU seconds, resident bytes, pid) and what it told *before* (``None`` at first): the percent is of
-    one core since its previous answer of the same process, and unknown at first (a rank restarted is another
-    process; the row shows what a rank told only while its pid is the world's)."""
-    clock, cpu, resident, pid = usage
+    """(the rank's clock, CPU seconds, pid, CPU percent, resident bytes, GPU) from a rank's roll-call *usage* (its
+    clock, its process's CPU seconds, resident bytes, pid, GPU bytes and use or ``None``) and what it told *before*
+    (``None`` at first): the percent is of one core since its previous answer of the same process, and unknown at
+    first (a rank restarted is another process; the row shows what a rank told only while its pid is the
+    world's)."""
+    clock, cpu, resident, pid, gpu = usage
     percent = None
     if before is not None and before[2] == pid and clock > before[0] and cpu >= before[1]:
         percent = round(100 * (cpu - before[1]) / (clock - before[0]), 1)
-    return clock, cpu, pid, percent, resident
+    return clock, cpu, pid, percent, resident, gpu
