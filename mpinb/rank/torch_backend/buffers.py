@@ -38,7 +38,18 @@ def op_type(op):
 
 def mpi_op(op, dtype):
     """The MPI op that reduces tensors of *dtype* as torch's *op* (a ``RedOpType``); ``AVG`` is a sum here, divided
-    afterwards by :func:`finish`."""
+    afterwards by :func:`finish`. Each (op, dtype) is worked out once: a training step asks again and again."""
+    try:
+        return _known_ops[(op, dtype)]
+    except KeyError:
+        found = _known_ops[(op, dtype)] = _mpi_op(op, dtype)
+        return found
+
+
+_known_ops = {}  # (op, dtype) -> its MPI op
+
+
+def _mpi_op(op, dtype):
     if op == ReduceOp.RedOpType.PREMUL_SUM:
         raise ValueError("ReduceOp.PREMUL_SUM is NCCL's (a factor applied before the sum): multiply the tensor by "
                          "the factor and use ReduceOp.SUM")

@@ -1,6 +1,7 @@
 """Stop (SIGINT) held while a collective of the process group makes its MPI calls, and raised once they are done:
 raised between them, it would leave this rank out of a collective the others make."""
 
+import _signal
 import functools
 import signal
 import threading
@@ -22,11 +23,12 @@ def stop_after_backward(method):
         if threading.current_thread() is not main:
             return method(self, *args, **kwargs)
         held = []
-        previous = signal.signal(signal.SIGINT, lambda number, frame: held.append(frame))
+        # _signal's own calls: signal.signal's conversions to and from enums cost more than the rest of a small call
+        previous = _signal.signal(signal.SIGINT, lambda number, frame: held.append(frame))
         try:
             return method(self, *args, **kwargs)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            _signal.signal(signal.SIGINT, previous)
             if held and callable(previous):
                 if torch._C._current_graph_task_id() == -1:
                     previous(signal.SIGINT, held[0])
