@@ -184,31 +184,22 @@ def reduction(base, name, method):
     """*method*, for the call a training step makes again and again: ``comm.Allreduce(send, receive, op)`` (or
     ``Scan``, ``Exscan``, ``Reduce_scatter_block``) of two numpy arrays, positional. It notes the same, with
     nothing to find out but the arrays' size and type (about 0.3 µs a call less); any other call is *method*'s."""
-    last = (None,) * 4  # the last call's (ledger, count, dtype, (signature, fields)), as in buffer_call
+    last = (None,) * 7  # the last call's (ledger, count, dtype, signature, fields, op, span detail)
 
     def fast(self, *args, **kwargs):
         nonlocal last
-        if kwargs or len(args) != 3 or _state.spans is not None:
+        if kwargs or len(args) != 3:
             return method(self, *args, **kwargs)
         send, receive, op = args
         if type(send) not in _arrays or type(receive) not in _arrays:
             return method(self, *args)
-        try:
-            info = self._mpinb
-        except AttributeError:
-            info = ledger_of(self)
-        count = send.size
-        try:
-            dtype = _dtype_names[send.dtype]
-        except KeyError:
-            dtype = dtype_name(send.dtype)
+        info = self._mpinb if hasattr(self, "_mpinb") else ledger_of(self)
+        count, dtype = send.size, _dtype_names.get(send.dtype) or dtype_name(send.dtype)
         known = last
-        if known[0] is info and known[1] == count and known[2] is dtype:
-            signature, fields = known[3]
-        else:
+        if known[0] is not info or known[1] != count or known[2] is not dtype:
             signature = (name, None, count, dtype)
-            last = (info, count, dtype, (signature, _mirrored(info, signature)))
-            fields = last[3][1]
+            known = last = (info, count, dtype, signature, _mirrored(info, signature), None, None)
+        signature, fields = known[3], known[4]
         seq = info.count = info.count + 1
         info.recent.append((seq, signature))
         if faults.active:
@@ -227,10 +218,18 @@ def reduction(base, name, method):
                 faults.after(receive)
             return value
         finally:
+            end = _now()
             _state.current = None  # _state.leave, in place
             if mirror is not None:
                 mirror[8:16] = LEFT if done else RAISED
-            _state.comm_ns += _now() - start
+            _state.comm_ns += end - start
+            spans = _state.spans  # read once: another thread may stop the spans meanwhile
+            if spans is not None:
+                if known[5] is not op or known[6] is None:
+                    known = last = known[:5] + (op, span_detail(count, dtype, op, _registry.installed))
+                spans.append((name, info.name, None, send.nbytes, receive.nbytes, start, end, seq,
+                              "collective" if _checking is None else "mpinb", known[6]))
+                _state.recorded += 1
 
     return fast
 
@@ -261,7 +260,7 @@ def object_collective(base, name, spec):
             info = self._mpinb
         except AttributeError:
             info = ledger_of(self)
-        root = argument(args, kwargs, root_at, KEYWORDS["root"])
+        root = None if root_at is None else argument(args, kwargs, root_at, KEYWORDS["root"])
         if rooted and root is None:
             root = 0
         known = last
@@ -276,7 +275,11 @@ def object_collective(base, name, spec):
         if faults.active:
             faults.before()
         start = _now()
-        _state.enter(info, seq, signature, start, fields)
+        _state.current = (info, seq, signature, start)  # _state.enter, in place
+        mirror = _state.mirror
+        if mirror is not None:
+            root_field, count_field, op_field, dtype_field, comm_field = fields
+            _record(mirror, 0, 0, 1, seq, root_field, count_field, start, op_field, dtype_field, comm_field)
         value, done = None, False
         try:
             value = base(self, *args, **kwargs) if kwargs else base(self, *args)
@@ -286,7 +289,9 @@ def object_collective(base, name, spec):
             return value
         finally:
             end = _now()
-            _state.leave(done)
+            _state.current = None  # _state.leave, in place
+            if mirror is not None:
+                mirror[8:16] = LEFT if done else RAISED
             _state.comm_ns += end - start
             spans = _state.spans  # read once: another thread may stop the spans meanwhile
             if spans is not None:

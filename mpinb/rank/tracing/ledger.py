@@ -73,8 +73,8 @@ class State:
     def enter(self, ledger, seq, signature, start, fields=None):
         """The main thread waits in collective *seq* of *ledger* from *start* (ns) on. *fields*: what
         :func:`mirrored` gave for *ledger* and *signature*, kept by a caller that enters the same kind of collective
-        again and again, or ``None``. (``collective_calls.py``'s buffer collectives do what this and :meth:`leave`
-        do in place.)"""
+        again and again, or ``None``. (``collective_calls.py``'s collectives do what this and :meth:`leave` do in
+        place.)"""
         self.current = (ledger, seq, signature, start)
         mirror = self.mirror
         if mirror is not None:  # one write (the reader looks only at ranks that have waited a second in it)
