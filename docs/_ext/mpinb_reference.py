@@ -166,11 +166,12 @@ class MagicsDirective(SphinxDirective):
     """``%%mpi`` and every ``%mpi`` subcommand, from the parsers the magics use."""
 
     def run(self):
-        from mpinb.notebook import arguments, usage
+        from mpinb.notebook import arguments
+        from mpinb.notebook import usage as magic_usage
         from mpinb.notebook.magics import MPIMagics
 
         self.env.note_dependency(arguments.__file__)  # an incremental build reads this page again when they change
-        self.env.note_dependency(usage.__file__)
+        self.env.note_dependency(magic_usage.__file__)
         self.env.note_dependency(inspect.getfile(MPIMagics))
         out = []
 
