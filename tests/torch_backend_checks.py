@@ -235,6 +235,33 @@ for dtype in FLOATS + [torch.int64]:
         same(mine, parts[rank])
 
 
+@check("all_reduce of a 2-d tensor keeps its shape; a leaf that requires grad is reduced in place")
+def _():
+    mine, gloo = both(lambda g: _reduced(values(torch.float32, 12).view(3, 4), R.SUM, g))
+    same(mine, gloo)
+    leaf = values(torch.float32).requires_grad_()
+    with torch.no_grad():
+        dist.all_reduce(leaf)
+    same(leaf.detach(), _reduced(values(torch.float32), R.SUM, GLOO))
+
+
+@check("a call every rank made before, then one rank's of another size: named on every rank, nothing moved")
+def _():
+    for _ in range(3):  # the same call again and again, as a training step makes it
+        dist.all_reduce(torch.ones(4))
+    t = torch.ones(4 + (rank == size - 1))
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as error:
+        assert "called different collectives" in str(error) and "4 x float32" in str(error) and \
+            "5 x float32" in str(error), error
+    else:
+        raise AssertionError("the ranks' different sizes were not named")
+    assert t.tolist() == [1.0] * t.numel(), t
+    summed = torch.ones(4)
+    dist.all_reduce(summed)  # the group goes on
+    assert summed.tolist() == [float(size)] * 4, summed
+
 @check("all_to_all_single with uneven splits (rows of 2 columns)")
 def _():
     # rank r sends i + 1 rows to rank i; receives r + 1 rows from each

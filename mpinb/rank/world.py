@@ -24,6 +24,7 @@ def init_world(namespace=None, *, threads=0):
     from .process_group import torchrun_environment
 
     share_cores(MPI.COMM_WORLD, threads)
+    large_tensors_in_huge_pages()
     torchrun_environment(comm=MPI.COMM_WORLD)  # before tracing: mpinb's own collectives stay out of the ledger
 
     if namespace is None:
@@ -40,6 +41,15 @@ def init_world(namespace=None, *, threads=0):
     namespace.update(comm=comm, rank=comm.rank, size=comm.size, MPI=MPI)
     guard_world(MPI, namespace)
     return identity()
+
+
+def large_tensors_in_huge_pages():
+    """torch's CPU tensors of 2 MB and more in the kernel's transparent huge pages, as numpy's arrays of 4 MB and
+    more already are: MPI reads and writes a tensor's memory through fewer page-table entries (16 MB through
+    ``MPI.Allreduce`` between 2 ranks took 7.8 ms from torch's memory against 6.9 ms from numpy's, and 6.5 ms with
+    this). torch reads ``THP_MEM_ALLOC_ENABLE`` at its first allocation, so it is set before the user's code runs;
+    one the user set is kept (``THP_MEM_ALLOC_ENABLE=0`` turns it off)."""
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 def not_a_shell():

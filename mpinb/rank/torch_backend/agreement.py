@@ -3,6 +3,7 @@
 ranks pass different sizes to one collective ("message truncated"), and a different call waits for ever; instead
 every rank raises ``RuntimeError`` naming what each rank called, and the group stays usable."""
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -19,20 +20,40 @@ _OP_NAMES = {int(op.value) + 1: name for name, op in torch.distributed.ReduceOp.
 
 def agree(group, call, tensor=None, *, root=-1, op=None, count=None):
     """Check that every rank of *group* (an ``MPIProcessGroup``) makes the same *call* (with *tensor*'s count and
-    dtype, *root*, *op*) before its data moves, or raise ``RuntimeError`` on every rank. *count* ``-1``: the
-    call's sizes may differ by rank (``all_to_all`` with splits)."""
+    dtype, *root*, *op*, an integer of ``buffers.op_code``) before its data moves, or raise ``RuntimeError`` on
+    every rank. *count* ``-1``: the call's sizes may differ by rank (``all_to_all`` with splits)."""
     if not checked or group.alone:
         return
-    mine = group.mine
-    mine[0] = _CALL_CODES[call]
-    mine[1] = root
-    mine[2] = (tensor.numel() if tensor is not None else 0) if count is None else count
-    mine[3] = (_DTYPE_CODES.get(tensor.dtype, 99) if tensor is not None else 0) * 16 + \
-        (int(op.value) + 1 if op is not None else 0)
-    group.comm.Allgather(mine, group.every)
+    if count is None:
+        count = tensor.numel() if tensor is not None else 0
+    key = (call, root, count, tensor.dtype if tensor is not None else None, op)
+    said = group.said.get(key)
+    if said is None:
+        said = _saying(group, key)
+    mine, agreed = said
     every = group.every
-    if (every == mine).all():
+    group.comm.Allgather(mine, every)
+    if every.tobytes() == agreed:  # the same call on every rank: the bytes of this rank's, once per rank
         return
+    _disagreed(group, mine, every)
+
+
+def _saying(group, key):
+    """``(mine, agreed)`` for the call *key*: the 4 numbers this rank sends, and the bytes every rank's make when
+    all agree; kept for the calls a training step makes again and again (a few hundred at most)."""
+    call, root, count, dtype, op = key
+    mine = numpy.array([_CALL_CODES[call], root, count,
+                        (_DTYPE_CODES.get(dtype, 99) if dtype is not None else 0) * 16 + (op + 1 if op is not None
+                                                                                         else 0)],
+                       dtype=numpy.int64)
+    if len(group.said) >= 512:
+        group.said.clear()
+    said = group.said[key] = (mine, mine.tobytes() * group.every.shape[0])
+    return said
+
+
+def _disagreed(group, mine, every):
+    """Every rank's call is in *every*: let a rank's stand-in pass, or raise naming what each rank called."""
     stood_in = every[:, 0] == 0  # zeros: a rank that stood in for this call (rank/settle.py), not a call of its
     if stood_in.any() and (stood_in | (every == mine).all(axis=1)).all():
         return

@@ -8,11 +8,9 @@ import torch.distributed as dist
 
 from . import work
 from .agreement import agree
-from .buffers import Hosted, array, finish, mpi_op, op_type
+from .buffers import SUM, Hosted, array, finish, mpi_op, op_code
 from .spans import spanned
 from .splits import split_counts, spread
-
-_RED = torch.distributed.ReduceOp.RedOpType
 
 
 class MPIProcessGroup(dist.ProcessGroup):
@@ -31,8 +29,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         self.comm, self.label = comm, name
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self.alone = self._size == 1  # no other rank to agree with (agreement.agree)
-        self.mine = numpy.zeros(4, dtype=numpy.int64)  # this rank's call and every rank's, as agree checks them
-        self.every = numpy.zeros((self._size, 4), dtype=numpy.int64)
+        self.every = numpy.zeros((self._size, 4), dtype=numpy.int64)  # every rank's call, as agree checks them
+        self.said = {}  # the calls this rank made: what it sent agree, and what every rank's agreeing make
         self.spans = 0  # calls recorded as spans, which numbers them alike on every rank
 
     def getBackendName(self):
@@ -53,7 +51,7 @@ class MPIProcessGroup(dist.ProcessGroup):
     # --- reductions ---
 
     def allreduce(self, tensors, opts=None):
-        op = op_type(opts.reduceOp) if opts is not None else _RED.SUM
+        op = op_code(opts.reduceOp) if opts is not None else SUM
         hosted = Hosted()
         for tensor in tensors:
             agree(self, "all_reduce", tensor, op=op)
@@ -67,7 +65,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts):
-        op = op_type(opts.reduceOp)
+        op = op_code(opts.reduceOp)
         root = opts.rootRank
         hosted = Hosted()
         for tensor in tensors:
@@ -82,7 +80,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return work.done(tensors)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
-        op = op_type(opts.reduceOp) if opts is not None else _RED.SUM
+        op = op_code(opts.reduceOp) if opts is not None else SUM
         for output, inputs in zip(outputs, input_lists):
             agree(self, "reduce_scatter", output, op=op)
             hosted = Hosted()
@@ -99,7 +97,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return work.done(outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
-        op = op_type(opts.reduceOp) if opts is not None else _RED.SUM
+        op = op_code(opts.reduceOp) if opts is not None else SUM
         agree(self, "reduce_scatter_tensor", input, op=op)
         hosted = Hosted()
         out, source = hosted(output), hosted(input, back=False)

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 def done(result=None):
     """A finished ``Work`` whose future holds *result* (the call's tensors)."""
-    future = torch.futures.Future()
+    future = torch._C.Future([])  # what torch.futures.Future wraps, less its Python __init__
     future.set_result(result)
     return torch._C._distributed_c10d._create_work_from_future(future)  # as torch's own Python groups do
 

@@ -303,7 +303,15 @@ def _device(group):
 def _shape(tensor):
     if tensor is None or not hasattr(tensor, "numel"):
         return None, None
-    return tensor.numel(), str(tensor.dtype).replace("torch.", "")
+    dtype = tensor.dtype
+    try:
+        return tensor.numel(), _DTYPE_NAMES[dtype]
+    except KeyError:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        return tensor.numel(), name
+
+
+_DTYPE_NAMES = {}  # torch.float32 -> "float32": a training step's calls ask for the same few
 
 
 def _bytes(tensor):
