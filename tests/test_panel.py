@@ -8,8 +8,8 @@ import re
 import lab_pages
 import pytest
 from conftest import leftover_ranks, new_world_tag
-from contrast import contrast
 from lab_pages import use_theme
+from panel_colours import low_contrast
 from waiting import wait_for
 
 pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
@@ -57,27 +57,6 @@ def straggler_marked(panel):
             all(rows[rank][2] is None for rank in others):
         return rows
     return None
-
-
-# each text of the panel, its colour and the colour it is drawn on (the first ancestor with a background)
-COLOURS = """panel => [...panel.querySelectorAll(`.mpinb-Panel-title, .mpinb-Panel-details, .mpinb-Panel-rank,
-  .mpinb-Panel-where, .mpinb-Panel-usage, .mpinb-Panel-state, .mpinb-Panel-holding:not([hidden]), .mpinb-Panel-loss,
-  .mpinb-Panel-button, .mpinb-Panel-message:not([hidden])`)].map(node => {
-    let back = node;
-    while (back && ['rgba(0, 0, 0, 0)', 'transparent'].includes(getComputedStyle(back).backgroundColor)) {
-      back = back.parentElement;
-    }
-    return [node.className, getComputedStyle(node).color, back ? getComputedStyle(back).backgroundColor : 'rgb(255, 255, 255)'];
-  })"""
-
-
-def low_contrast(panel):
-    """The panel's texts that read below WCAG AA (4.5:1) on what they are drawn on."""
-    numbers = lambda text: tuple(float(v) for v in re.findall(r"[\d.]+", text)[:3])  # noqa: E731
-    found = [(name, colour, back) for name, colour, back in panel.evaluate(COLOURS)]
-    assert found
-    return [(name, colour, back, round(contrast(numbers(colour), numbers(back)), 2)) for name, colour, back in found
-            if contrast(numbers(colour), numbers(back)) < 4.5]
 
 
 def spark(panel, rank):

@@ -1,13 +1,16 @@
 """The MPI panel in Notebook 7 (the ``notebook`` package's /notebooks/ page, served by the same Jupyter server as
 JupyterLab), in Chromium: the panel is offered under View > Right Sidebar, and while a 2-rank cell runs, with rank 1
-slow, each rank's row says where it is and rank 1 is named as holding rank 0 up; Stop from the panel stops the cell.
-A screenshot of the page goes to test-artifacts/mpi-panel-notebook7.png."""
+slow, each rank's row says where it is and rank 1 is named as holding rank 0 up, in the light theme and in the dark
+one chosen from the Settings menu, with every text readable; a reload shows the running world again at once; Stop
+from the panel stops the cell. Screenshots of the page go to test-artifacts/ (mpi-panel-notebook7.png,
+mpi-panel-notebook7-dark.png)."""
 
 import re
 
 import lab_pages
 import pytest
 from conftest import leftover_ranks, new_world_tag
+from panel_colours import low_contrast
 
 pytest.importorskip("playwright.sync_api", reason="playwright is installed by make test")
 pytest.importorskip("notebook", minversion="7", reason="Notebook 7 is in the dev extra")
@@ -44,6 +47,20 @@ def rows_when(page, condition, timeout=60_000):
     return {row["rank"]: row for row in handle.json_value()}
 
 
+STRAGGLER = "rows.length === 2 && rows[1].holding !== null && rows[0].state === 'collective' && " \
+    "rows[1].state === 'running'"
+
+
+def open_from_view_menu(page):
+    """The panel, opened as a reader opens it: View > Right Sidebar lists it by its caption."""
+    page.get_by_role("menuitem", name="View").click()
+    page.locator(".lm-Menu").get_by_text("Right Sidebar", exact=True).click()
+    page.locator(".lm-Menu").get_by_text("Show MPI ranks (mpinb)", exact=True).click()
+    panel = page.locator("#mpinb-panel")
+    panel.wait_for(state="visible", timeout=30_000)
+    return panel
+
+
 def notebook7_error(error):
     """Whether *error* (a page's uncaught exception) is :data:`NOTEBOOK_SHORTCUTS`, raised in Notebook's bundle."""
     sources = re.findall(r"https?://\S+?\.js", error.stack or "")  # the scripts its frames are in
@@ -67,12 +84,7 @@ def test_the_panel_shows_each_rank_live_in_notebook_7(tmp_path, monkeypatch):
             page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
             cells = notebook.locator(".jp-Cell")
 
-            # as a reader opens it: View > Right Sidebar lists the panel by its caption
-            page.get_by_role("menuitem", name="View").click()
-            page.locator(".lm-Menu").get_by_text("Right Sidebar", exact=True).click()
-            page.locator(".lm-Menu").get_by_text("Show MPI ranks (mpinb)", exact=True).click()
-            panel = page.locator("#mpinb-panel")
-            panel.wait_for(state="visible", timeout=30_000)
+            panel = open_from_view_menu(page)
             panel.get_by_text("No kernel has an MPI world").wait_for(timeout=30_000)
 
             lab_pages.run(cells.nth(0), page, wait=True)
@@ -83,8 +95,7 @@ def test_the_panel_shows_each_rank_live_in_notebook_7(tmp_path, monkeypatch):
             lab_pages.run(cells.nth(1), page, wait=False)
             # rank 1 is in time.sleep (line 6) for nearly all of each step, and in the allreduce for an instant: the
             # rows are read at such a moment, not at whichever update came first
-            rows = rows_when(page, "rows.length === 2 && rows[1].holding !== null && rows[0].state === 'collective' "
-                                   "&& rows[1].state === 'running'")
+            rows = rows_when(page, STRAGGLER)
             assert rows[1]["state"] == "running" and rows[1]["text"] == "running In[2] at line 6", rows
             assert re.match(r"in allreduce #\d+ on COMM_WORLD since \d+\.\d s \(In\[2\] at line 7\)",
                             rows[0]["text"]), rows
@@ -95,6 +106,28 @@ def test_the_panel_shows_each_rank_live_in_notebook_7(tmp_path, monkeypatch):
             assert re.fullmatch(r"CPU \d+% · [\d.]+ (MiB|GiB)", usage), usage
             assert "running In[2]" in panel.locator(".mpinb-Panel-title").inner_text()
             page.screenshot(path=str(lab_pages.ARTIFACTS / "mpi-panel-notebook7.png"))
+            assert low_contrast(panel) == []
+
+            # the dark theme, as a reader picks it in Notebook 7: Settings > Theme
+            page.get_by_role("menuitem", name="Settings").click()
+            page.locator(".lm-Menu").get_by_text("Theme", exact=True).click()
+            page.locator(".lm-Menu").get_by_text("JupyterLab Dark", exact=True).click()
+            page.locator("body[data-jp-theme-light='false'][data-jp-theme-name='JupyterLab Dark']").wait_for(
+                state="attached", timeout=30_000)
+            rows_when(page, STRAGGLER)
+            page.screenshot(path=str(lab_pages.ARTIFACTS / "mpi-panel-notebook7-dark.png"))
+            assert low_contrast(panel) == []
+
+            # a reload shows the running world at once: the state is the server's, not the page's
+            page.reload()
+            page.locator(".jp-Notebook").wait_for(timeout=60_000)
+            panel = page.locator("#mpinb-panel")
+            if not panel.is_visible():
+                panel = open_from_view_menu(page)
+            rows = rows_when(page, STRAGGLER, timeout=30_000)
+            assert rows[1]["text"] == "running In[2] at line 6", rows
+            assert "running In[2]" in panel.locator(".mpinb-Panel-title").inner_text()
+            cells = page.locator(".jp-Notebook .jp-Cell")
 
             panel.locator("button[data-action='stop']").click()
             rows_when(page, "rows.length === 2 && rows.every(r => r.state === 'idle')", timeout=90_000)
