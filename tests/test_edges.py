@@ -7,6 +7,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -345,6 +346,31 @@ def test_each_rank_gets_a_fair_share_of_the_cores(ip, world_of, mpi, capsys):
     ip.run_line_magic("mpi", "status")
     assert all(world.identities[rank]["threads"] == int(share) for rank in world.ranks)
     assert "threads" in capsys.readouterr().out
+
+
+HUGE_PAGES_OF_A_TENSOR = """import os, torch
+tensor = torch.ones(8 << 20)  # 32 MB
+address, huge_kb, inside = tensor.data_ptr(), 0, False
+for line in open('/proc/self/smaps'):
+    fields = line.split()
+    if '-' in fields[0] and not fields[0].endswith(':'):
+        low, high = (int(part, 16) for part in fields[0].split('-'))
+        inside = low <= address < high
+    elif inside and fields[0] == 'AnonHugePages:':
+        huge_kb = int(fields[1])
+(os.environ.get('THP_MEM_ALLOC_ENABLE'), huge_kb)"""
+
+
+def test_a_ranks_large_tensors_are_in_huge_pages_as_numpys_arrays_are(world_of, mpi):
+    """numpy puts arrays of 4 MB and more in the kernel's transparent huge pages, torch did not: MPI read a 16 MB
+    tensor's memory through 4 KB pages, and its Allreduce took 7.8 ms against 6.9 ms from a numpy array."""
+    world_of(2)
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    allowed = mode.exists() and "[never]" not in mode.read_text()
+    for rank, (variable, huge_kb) in mpi(HUGE_PAGES_OF_A_TENSOR).items():
+        assert variable == "1", (rank, variable)
+        if allowed:
+            assert huge_kb >= 2048, (rank, huge_kb)
 
 
 def test_ipyparallel_tools_reach_the_ranks_through_a_public_view(ip, world_of, mpi, capsys):

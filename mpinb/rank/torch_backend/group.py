@@ -22,8 +22,6 @@ class MPIProcessGroup(dist.ProcessGroup):
     reducer hands to :meth:`allreduce` one by one during ``backward()``.
     """
 
-    notes_its_calls = True  # its MPI calls are in the ledger: the wrappers of torch.distributed leave them be
-
     def __init__(self, comm, name):
         super().__init__(comm.Get_rank(), comm.Get_size())
         self.comm, self.label = comm, name
