@@ -8,8 +8,9 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 
 
 def init_world(namespace=None, *, threads=0):
-    """Put ``comm``, ``rank`` and ``size`` into *namespace*, share the cores, give the rank ``torchrun``'s
-    environment, and return this rank's identity.
+    """Put ``comm``, ``rank`` and ``size`` into *namespace*, share the cores, put torch's large tensors in huge
+    pages (:func:`large_tensors_in_huge_pages`), give the rank ``torchrun``'s environment, and return this rank's
+    identity.
 
     *namespace* defaults to the IPython user namespace of the engine this runs in. *threads* is how many threads
     each rank's math libraries (OpenMP, BLAS, torch, TensorFlow) may use: 0 gives each rank an equal share of
