@@ -3,8 +3,8 @@
     python benchmarks/torch_backend.py [--ranks 2 4] [--rounds 5] [--markdown benchmarks/RESULTS.md]
 
 Each job runs under plain mpiexec with one torch thread per rank, large tensors in huge pages and ``trace_torch``
-installed as in every mpinb world (each ``dist.*`` call noted in the ledger). Its default group is the mpi4py backend's; gloo is a group over
-the same ranks (``new_group(backend="gloo")``); raw is ``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on a numpy
+installed as in every mpinb world (each ``dist.*`` call noted in the ledger). Its default group is the mpi4py
+backend's; gloo is a group over the same ranks (``new_group(backend="gloo")``); raw is ``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on a numpy
 array of the same bytes. Arms alternate call by call, each round in another order; a value is the median over
 rounds of the mean of a round's calls (32 MB of them at 1 MB and more), timed on rank 0 after a barrier.
   large     ``dist.all_reduce`` of 1, 4, 16 and 64 MB of float32 against raw ``MPI.Allreduce`` (the ratio) and
@@ -157,8 +157,8 @@ def main():
             out = os.path.join(folder, f"{ranks}.json")
             command = [default_mpiexec(), "-n", str(ranks), sys.executable, __file__, "--rounds", str(args.rounds)]
             tic = time.perf_counter()
-            subprocess.run(command, check=True, env={"THP_MEM_ALLOC_ENABLE": "1", **os.environ, ON_RANKS: out,
-                                                            "OMP_NUM_THREADS": "1"})
+            environment = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, ON_RANKS: out, "OMP_NUM_THREADS": "1"}
+            subprocess.run(command, check=True, env=environment)
             took[ranks] = time.perf_counter() - tic
             jobs[ranks] = json.loads(Path(out).read_text())
     others = load.summary()
