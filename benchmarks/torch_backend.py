@@ -5,7 +5,8 @@
 Each job runs under plain mpiexec with one torch thread per rank, large tensors in huge pages and ``trace_torch``
 installed as in every mpinb world (each ``dist.*`` call noted in the ledger). Its default group is the mpi4py
 backend's; gloo is a group over the same ranks (``new_group(backend="gloo")``); raw is
-``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on a numpy array of the same bytes. Arms alternate call by call, each round in another order; a value is the median over
+``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on a numpy array of the same bytes. Arms alternate call by call,
+each round in another order; a value is the median over
 rounds of the mean of a round's calls (32 MB of them at 1 MB and more), timed on rank 0 after a barrier.
   large     ``dist.all_reduce`` of 1, 4, 16 and 64 MB of float32 against raw ``MPI.Allreduce`` (the ratio) and
             gloo;
