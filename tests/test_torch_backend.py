@@ -145,6 +145,35 @@ def test_stop_reaches_a_rank_waiting_in_a_collective_and_the_world_is_kept(ddp):
 
 @pytest.mark.slow
 @pytest.mark.notebook
+def test_stop_lets_out_a_rank_waiting_in_backward_for_a_rank_stopped_after_its_forward(ddp):
+    """Stop at a random moment of a training loop: one rank waits in its backward's bucket all_reduce while the
+    other is stopped in Python after its forward (the step is in its ledger, its reduction never began)."""
+    code = ("%%mpi\nimport time\nstep(batches[0])\nloss = model(batches[1]).pow(2).mean()\n"
+            "print('waiting', flush=True)\nif rank == 0:\n    loss.backward()\nelse:\n    time.sleep(60)")
+    shown = ddp.run(code, stops=(1.0,), after="[rank 1] waiting", timeout=120)
+    assert shown.status == "error", shown.text
+    assert "the world and every rank's variables are kept" in shown.text, shown.text
+    assert "starting the world" not in shown.text, shown.text
+    healthy_step(ddp)
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_stop_during_python_inside_a_backward_waits_for_its_buckets(ddp):
+    """A Stop that comes while a rank's backward runs Python (a gradient hook) before a bucket is reduced: raised
+    there, the rank would leave the bucket the other rank waits in; it is raised once the backward is over."""
+    code = ("%%mpi\nimport time\nif rank == 1:\n    hook = model.module.weight.register_hook(lambda g: time.sleep(4) or g)"
+            "\nprint('waiting', flush=True)\ntry:\n    step(batches[0])\nfinally:\n    if rank == 1:\n"
+            "        hook.remove()")
+    shown = ddp.run(code, stops=(1.5,), after="[rank 1] waiting", timeout=120)
+    assert shown.status == "error", shown.text
+    assert "KeyboardInterrupt: cell interrupted on every rank it ran on (ranks 0-1)" in shown.text, shown.text
+    assert "starting the world" not in shown.text and "started again" not in shown.text, shown.text
+    healthy_step(ddp)
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
 def test_pytorchs_own_tests_pass_in_a_world(session):
     """Tests of torch's own suite (tests/torch_suite.py), run by %mpi run in the kernel's world."""
     shown = session.run("%%mpi -n 2\nimport torch.distributed as dist\n"

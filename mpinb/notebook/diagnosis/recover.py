@@ -33,6 +33,7 @@ class Recovery:
         self.states = {}
         self.number = 1000  # roll-call numbers of its own, apart from the mismatch watch's
         self.asked_at = self.began = None
+        self.asked_of = ()  # the ranks still stuck when the roll call went out
         self.settle_within = 2.0
         self.outcomes = {}
         self.plan = None
@@ -50,14 +51,18 @@ class Recovery:
         """Advance; return seconds more the stuck ranks should be given, once a plan went out, else ``None``.
 
         The roll call is repeated (every 0.2 s, for ``settle_within`` s) until every rank that has not answered
-        the interrupt is seen waiting in MPI: a rank still running Python is about to answer it."""
+        the interrupt is seen waiting in MPI: a rank still running Python is about to answer it. A rank that
+        answers meanwhile has ended its cell (and taken a DDP step it never reduced out of its ledger): the plan is
+        made from a roll call after that."""
         now = time.monotonic() if now is None else now
         pending = [rank for rank in self.ranks if rank not in replies]
         if self.plan is not None or self.reason is not None or not pending:
             return None
         self.began = self.began or now
+        if self.asked_at is not None and pending != self.asked_of:
+            self.asked_at = None
         if self.asked_at is None:
-            self.asked_at = now
+            self.asked_at, self.asked_of = now, pending
             self.number += 1
             self.states = {}
             self.channel.roll_call(self.ranks, self.number)

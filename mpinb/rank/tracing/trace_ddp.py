@@ -2,17 +2,20 @@
 
 DDP reduces gradients from C++ (its Reducer calls the process group as each bucket's gradients are ready), out of
 sight of the wrapped ``torch.distributed`` functions. What Python does see is the forward pass that sets the
-Reducer up for the backward (``_pre_forward``): there every DDP model notes, per step that will reduce (grad
-enabled, not inside ``no_sync()``), one collective ``DDP all_reduce(<gradient elements> x <dtype>)`` in the
-group's ledger, outstanding until the model's next forward or the end of the cell. A rank waiting at the end of
-``backward()`` for buckets another rank never sends is then seen by the roll call like an mpi4py collective,
-and a rank that never entered it can stand in for it as DDP's ``join()`` does (``shadow``): it reduces zeros for
-every bucket, in the Reducer's bucket order, so the waiting rank's backward completes.
+Reducer up for the backward (``_pre_forward``), and the backward reaching the model's output, before any of its
+gradients (a hook on the output). Per step that will reduce (grad enabled, not inside ``no_sync()``), every DDP
+model notes there one collective ``DDP all_reduce(<gradient elements> x <dtype>)`` in the group's ledger,
+outstanding until that backward ends, and holds Stop until then (``stop_held.py``): a rank is either before the
+step's reduction or through all of it. A rank waiting at the end of ``backward()`` for buckets another rank never
+sends is then seen by the roll call like an mpi4py collective, and a rank that never entered it (it ran out of
+inputs, or was stopped between its forward and its backward) can stand in for it as DDP's ``join()`` does
+(``shadow``): it reduces zeros for every bucket, in the Reducer's bucket order, so the waiting rank's backward
+completes.
 
 DDP's own C++ allreduce is left as it is: a communication hook per bucket cost a small model's step 12%, mostly
 because with any hook DDP no longer divides the gradients as it copies them into the bucket (the hook needs a
 pass of its own), then in taking the GIL for each bucket's callback and in ``dist.all_reduce``'s Python checks.
-The cost here is one Python call per forward. The hooks a user registers (``register_comm_hook``) run as torch
+The cost here is a Python call per forward and one per backward. The hooks a user registers (``register_comm_hook``) run as torch
 runs them.
 """
 
@@ -22,6 +25,7 @@ import weakref
 
 from .. import replicas, tracing
 from . import trace_torch
+from .stop_held import Hold
 
 OP = "DDP all_reduce"
 _state = tracing.state
@@ -101,40 +105,40 @@ def _watch(model):
 
 
 class Step:
-    """A DDP step's reduction as the ledger sees it: outstanding from the forward until it is ``done``."""
+    """A DDP step's reduction as the ledger sees it: noted when its backward begins, outstanding until it is
+    ``done``, with Stop held meanwhile (``hold``)."""
 
-    __slots__ = ("done",)
+    __slots__ = ("done", "noted", "hold")
 
     def __init__(self):
-        self.done = False
+        self.done, self.noted, self.hold = False, False, None
 
     def is_completed(self):
         return self.done
 
 
 def _forward(model):
-    """A DDP model's forward set its Reducer up: the step it starts will reduce its gradients; note it."""
+    """A DDP model's forward set its Reducer up: the step it starts will reduce its gradients once its backward
+    begins (:func:`_until_backward_ends`)."""
     import torch
 
     step = _steps.get(model)
     if step is None:
         return
-    if step[2] is not None:
-        step[2].done = True  # the previous step's backward is over: this forward comes after it
-        step[2] = None
-    if not (torch.is_grad_enabled() and model.require_backward_grad_sync):
-        return  # no reduction follows (no_sync(), torch.no_grad())
-    import torch.distributed as dist
-
-    info, seq, signature, start = trace_torch.note(dist, model.process_group, OP, None, step[0], step[1],
-                                                   name=step[3])
-    step[2] = Step()
-    _state.launched(info, seq, signature, start, step[2])
+    previous = step[2]
+    step[2] = None
+    if previous is not None:
+        previous.done = True  # the previous step's backward is over: this forward comes after it
+    if torch.is_grad_enabled() and model.require_backward_grad_sync:  # else no reduction follows (no_sync())
+        step[2] = Step()
+    if previous is not None and previous.hold is not None:  # its backward raised before it ended: Stop is let
+        previous.hold.release()  # through again, and one held meanwhile raised here
 
 
 def _until_backward_ends(model, output):
-    """The step stays outstanding until the backward of *output* ends (not until the next forward: a rank tearing
-    its group down after the last step waits in nothing)."""
+    """Note the step when the backward of *output* begins, hold Stop until that backward ends (reducing every
+    bucket: ``stop_held.py``), and keep the step outstanding until then. A rank stopped between its forward and
+    its backward has not entered the step, so a rank waiting in it is let out by this one standing in for it."""
     import torch
 
     step = _steps.get(model)
@@ -145,17 +149,39 @@ def _until_backward_ends(model, output):
         [item for item in (output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple))
                             else ()) if isinstance(item, torch.Tensor)]
     tensor = next((item for item in tensors if item.requires_grad), None)
-    if tensor is None:
+    if tensor is None:  # no output to see its backward begin by: noted now
+        _note(model, step, pending)
         return
 
     queue = torch.autograd.Variable._execution_engine.queue_callback
 
-    def started(grad):  # the backward reached the model's output: mark the step done once that backward ends,
-        # after DDP's own final callback (queued later than this hook runs), which waits for the buckets
-        queue(lambda: queue(functools.partial(setattr, pending, "done", True)))
+    def started(grad):  # the backward reached the model's output, before any of its gradients: no bucket is
+        # reduced yet. Marked done once that backward ends, after DDP's own final callback (queued later than this
+        # hook runs), which waits for the buckets
+        if not pending.noted:
+            pending.hold = Hold.here()
+            _note(model, step, pending)
+            queue(lambda: queue(functools.partial(_ended, pending)))
         return grad
 
     tensor.register_hook(started)
+
+
+def _note(model, step, pending):
+    import torch.distributed as dist
+
+    info, seq, signature, start = trace_torch.note(dist, model.process_group, OP, None, step[0], step[1],
+                                                   name=step[3])
+    pending.noted = True
+    _state.launched(info, seq, signature, start, pending)
+
+
+def _ended(pending):
+    """The step's backward is over: done, and a Stop held meanwhile raised."""
+    pending.done = True
+    hold, pending.hold = pending.hold, None
+    if hold is not None:
+        hold.release()
 
 
 def shadow(name, signature):
