@@ -7,10 +7,11 @@ run first, as in every mpinb world; then ``mpinb.torch.init_process_group("gloo"
 architecture and weights are made per case, in one 2-rank job under plain ``mpiexec`` (one rank per core, one
 torch thread per rank: more ranks than cores measure the scheduler), the arms alternating block by block, in
 another order each round, for --rounds rounds:
-  on    a model made by ``DistributedDataParallel(...)`` after the installs: each step noted in the ledger from
-        DDP's ``_pre_forward`` (``trace_ddp``), DDP's own C++ allreduce untouched;
+  on    a model made by ``DistributedDataParallel(...)`` after the installs: each step noted in the ledger when
+        its backward begins (a hook on the model's output, set after DDP's ``_post_forward``), with Stop held
+        until that backward ends (``trace_ddp``), DDP's own C++ allreduce untouched;
   off   a model made by the ``__init__`` mpinb's wrapper wraps (``DistributedDataParallel.__init__.__wrapped__``),
-        with DDP's own ``_pre_forward``: nothing noted, as without mpinb;
+        with DDP's own ``_pre_forward`` and ``_post_forward``: nothing noted, as without mpinb;
   off'  the off model again: what "no difference" reads (the noise row).
 Cases (a step: ``zero_grad``, forward, ``loss.backward()``, ``optimizer.step()`` of SGD; rank 0 times blocks of
 20 steps after a barrier, wall clock and its process's CPU time, all threads; an arm's value in a round is the
@@ -80,9 +81,10 @@ def ranks_main(rounds, blocks, out):
     def plain(module, **options):
         model = DDP.__new__(DDP)
         unwrapped(model, module, **options)
-        own = getattr(DDP._pre_forward, "__wrapped__", None)  # DDP's own, where trace_ddp wraps it
-        if own is not None:
-            model._pre_forward = types.MethodType(own, model)
+        for name in ("_pre_forward", "_post_forward"):  # DDP's own, where trace_ddp wraps them
+            own = getattr(getattr(DDP, name), "__wrapped__", None)
+            if own is not None:
+                setattr(model, name, types.MethodType(own, model))
         return model
 
     setups = {}
@@ -162,9 +164,9 @@ def main():
         result = json.loads(Path(out).read_text())
     others = load.summary()
     runs = result["runs"]
-    rows = [MARK, f"A DDP training step with mpinb's ledger (`trace_ddp`: each step noted from DDP's forward, "
-            f"DDP's C++ allreduce untouched) on and off, in one 2-rank job under plain mpiexec (gloo, one torch "
-            f"thread per rank), "
+    rows = [MARK, "A DDP training step with mpinb's ledger (`trace_ddp`: each step noted as its backward begins, "
+            "Stop held until it ends, DDP's C++ allreduce untouched) on and off, in one 2-rank job under plain "
+            "mpiexec (gloo, one torch thread per rank), "
             f"medians over {args.rounds} rounds of the median of {args.blocks} blocks of {STEPS} steps, arms "
             f"alternating (`python benchmarks/ddp_step.py --rounds {args.rounds} --blocks {args.blocks}`, "
             f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, torch {result['torch']}, "

@@ -15,6 +15,8 @@ rounds of the mean of a round's calls (32 MB of them at 1 MB and more), timed on
   DDP step  ``zero_grad``, forward, ``backward()``, ``step()`` of SGD with DDP's default buckets: a small CNN
             (3 conv layers and a linear head, batch 32 of 3×32×32) and an MLP with ResNet-18's 11.7 M
             parameters (45 MB of gradients), the backend against gloo.
+  busy      the 2-rank job again with one core kept busy by another process this script starts (stopped by its
+            pid at the end), as ``busy.py`` does for the allreduce rows: the same ratios, idle and busy.
 """
 
 import argparse
@@ -142,6 +144,7 @@ def main():
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--markdown", help="replace the torch-backend section of this file with the tables")
+    parser.add_argument("--no-busy", dest="busy", action="store_false", help="leave out the busy-machine job")
     args = parser.parse_args()
     if os.environ.get(ON_RANKS):
         here = Path(__file__).resolve().parent  # benchmarks/profile.py would be the standard library's profile
@@ -154,15 +157,26 @@ def main():
     load = OtherLoad()
     jobs, took = {}, {}
     with tempfile.TemporaryDirectory() as folder:
-        for ranks in args.ranks:
+        def job(ranks):
             out = os.path.join(folder, f"{ranks}.json")
             command = [default_mpiexec(), "-n", str(ranks), sys.executable, __file__, "--rounds", str(args.rounds)]
-            tic = time.perf_counter()
             environment = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, ON_RANKS: out, "OMP_NUM_THREADS": "1"}
             subprocess.run(command, check=True, env=environment)
+            return json.loads(Path(out).read_text())
+
+        for ranks in args.ranks:
+            tic = time.perf_counter()
+            jobs[ranks] = job(ranks)
             took[ranks] = time.perf_counter() - tic
-            jobs[ranks] = json.loads(Path(out).read_text())
-    others = load.summary()
+        others = load.summary()
+        busy = None
+        if args.busy and 2 in jobs:
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            try:
+                busy = job(2)
+            finally:
+                spinner.kill()
+                spinner.wait()
     first = next(iter(jobs.values()))
     rows = [MARK, f"The `mpi4py` torch.distributed backend (`rank/torch_backend/`) against raw mpi4py and gloo, "
             f"in one job per world size under plain mpiexec, one torch thread per rank, arms alternating, medians "
@@ -192,6 +206,17 @@ def main():
         for name, arms in job["results"]["ddp"].items():
             rows.append(f"| {ranks} | {name} | {arms['backend'] * 1e3:.1f} ms | {arms['gloo'] * 1e3:.1f} ms | "
                         f"{arms['gloo'] / arms['backend']:.2f} |")
+    if busy is not None:
+        rows += ["", "The 2-rank job idle (the rows above) and again with one core kept busy by another process: "
+                 "backend / raw at each size, µs per 4 B call, and a DDP step's gloo / backend", "",
+                 "| machine | 1 MB | 4 MB | 16 MB | 64 MB | 4 B: backend, raw, gloo | DDP cnn | DDP resnet18-sized |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for label, results in (("idle", jobs[2]["results"]), ("one core kept busy", busy["results"])):
+            large = " | ".join(f"{arms['backend'] / arms['raw']:.2f}" for arms in results["large"].values())
+            small = results["small"][str(SMALL[0])]
+            ddp = " | ".join(f"{arms['gloo'] / arms['backend']:.2f}" for arms in results["ddp"].values())
+            rows.append(f"| {label} | {large} | {small['backend'] * 1e6:.0f}, {small['raw'] * 1e6:.0f}, "
+                        f"{small['gloo'] * 1e6:.0f} µs | {ddp} |")
     rows.append(MARK)
     publish("\n".join(rows), args.markdown, MARK)
 

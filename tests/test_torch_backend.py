@@ -162,9 +162,10 @@ def test_stop_lets_out_a_rank_waiting_in_backward_for_a_rank_stopped_after_its_f
 def test_stop_during_python_inside_a_backward_waits_for_its_buckets(ddp):
     """A Stop that comes while a rank's backward runs Python (a gradient hook) before a bucket is reduced: raised
     there, the rank would leave the bucket the other rank waits in; it is raised once the backward is over."""
-    code = ("%%mpi\nimport time\nif rank == 1:\n    hook = model.module.weight.register_hook(lambda g: time.sleep(4) or g)"
-            "\nprint('waiting', flush=True)\ntry:\n    step(batches[0])\nfinally:\n    if rank == 1:\n"
-            "        hook.remove()")
+    code = ("%%mpi\nimport time\nif rank == 1:\n"
+            "    hook = model.module.weight.register_hook(lambda g: time.sleep(4) or g)\n"
+            "print('waiting', flush=True)\ntry:\n    step(batches[0])\nfinally:\n"
+            "    if rank == 1:\n        hook.remove()")
     shown = ddp.run(code, stops=(1.5,), after="[rank 1] waiting", timeout=120)
     assert shown.status == "error", shown.text
     assert "KeyboardInterrupt: cell interrupted on every rank it ran on (ranks 0-1)" in shown.text, shown.text

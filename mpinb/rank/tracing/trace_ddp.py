@@ -15,8 +15,8 @@ completes.
 DDP's own C++ allreduce is left as it is: a communication hook per bucket cost a small model's step 12%, mostly
 because with any hook DDP no longer divides the gradients as it copies them into the bucket (the hook needs a
 pass of its own), then in taking the GIL for each bucket's callback and in ``dist.all_reduce``'s Python checks.
-The cost here is a Python call per forward and one per backward. The hooks a user registers (``register_comm_hook``) run as torch
-runs them.
+The cost here is a Python call per forward and one per backward. The hooks a user registers
+(``register_comm_hook``) run as torch runs them.
 """
 
 import functools
