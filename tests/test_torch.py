@@ -4,6 +4,7 @@ error on every rank, and everything works under plain mpiexec and with one rank.
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,6 +258,26 @@ def test_an_unhandled_exception_after_init_process_group_ends_the_job(runner, tm
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the job hung after rank 1 failed:\n{exc.stderr}") from None
     assert done.returncode != 0 and "ValueError: bad batch on rank 1" in done.stderr
+
+
+def test_a_stop_in_torchs_own_code_leaves_grad_mode_as_the_cell_began_it():
+    """A Stop can land where torch turns grad mode back on (``optimizer.step()``'s ``finally``): the rank's next
+    step would fail alone. Here the KeyboardInterrupt is raised by code compiled under the name of torch's
+    optimizer module, with grad mode off, as when the Stop lands there; the rank's runner runs the cells."""
+    from mpinb.rank import runner
+
+    optimizer_file = str(Path(torch.__file__).parent / "optim" / "optimizer.py")
+    stopped_in_torch = ("import torch\ntorch.set_grad_enabled(False)\n"
+                        f"exec(compile('raise KeyboardInterrupt', {optimizer_file!r}, 'exec'))")
+    try:
+        reply = runner.execute(stopped_in_torch, namespace={})
+        assert reply.error["ename"] == "KeyboardInterrupt", reply.error
+        assert torch.is_grad_enabled()
+        reply = runner.execute("import torch\ntorch.set_grad_enabled(False)\nraise KeyboardInterrupt", namespace={})
+        assert reply.error["ename"] == "KeyboardInterrupt", reply.error
+        assert not torch.is_grad_enabled()  # stopped in the cell's own code: what it set is kept
+    finally:
+        torch.set_grad_enabled(True)
 
 
 def test_backend_and_device_choice():

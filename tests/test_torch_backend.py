@@ -2,6 +2,8 @@
 inputs, DistributedDataParallel (no_sync, join, find_unused_parameters, static_graph, gradient_as_bucket_view,
 the fp16 compression hook) and FSDP train to gloo's weights, under plain mpiexec; and through a %%mpi world."""
 
+import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -171,6 +173,23 @@ def test_stop_during_python_inside_a_backward_waits_for_its_buckets(ddp):
     assert "KeyboardInterrupt: cell interrupted on every rank it ran on (ranks 0-1)" in shown.text, shown.text
     assert "starting the world" not in shown.text and "started again" not in shown.text, shown.text
     healthy_step(ddp)
+
+
+@pytest.mark.slow
+@pytest.mark.notebook
+def test_stops_at_random_moments_of_a_training_loop_keep_the_world(ddp):
+    """Stop a DDP training loop at random moments (``MPINB_STOP_SEED=N`` replays them): each stops the cell on
+    every rank and keeps the world, whichever of forward, backward, its buckets or the optimizer each rank was in."""
+    seed = int(os.environ.get("MPINB_STOP_SEED") or random.randrange(1 << 16))
+    chooser = random.Random(seed)
+    loop = "%%mpi\nprint('training', flush=True)\nfor i in range(10 ** 6):\n    step(batches[i % len(batches)])"
+    for number in range(3):
+        delay = chooser.uniform(0.2, 2.0)
+        shown = ddp.run(loop, stops=(delay,), after="[rank 1] training", timeout=120)
+        said = f"seed {seed}, Stop {number + 1} {delay:.2f} s after the loop began:\n{shown.text}"
+        assert shown.status == "error" and "KeyboardInterrupt" in shown.text, said
+        assert "starting the world" not in shown.text and "started again" not in shown.text, said
+        healthy_step(ddp)
 
 
 @pytest.mark.slow

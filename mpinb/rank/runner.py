@@ -11,7 +11,7 @@ import types
 
 from ..wire.kinds import CellReply
 from ..wire.rank_files import WRAPPERS
-from . import stacks
+from . import grad_mode, stacks
 
 _RESULT = "_mpinb_cell_value"
 # the frames between the agent and the cell: this module's, and the visual debugger's that runs a cell under it
@@ -46,6 +46,7 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None):
     shell = ipython_shell()
     if namespace is None:
         namespace = user_namespace(shell)
+    grad = grad_mode.at_start()
     try:
         if shell is not None:
             if source is None:  # IPython's transform drops leading blank lines: the %%mpi line's stays
@@ -66,6 +67,7 @@ def execute(code, *, number=0, namespace=None, source=None, debug=None):
         from .debug import post_mortem as debug
 
         debug.keep(exc)  # for %mpi debug
+        grad_mode.after_stop(exc, grad)
         return CellReply(error=describe_error(exc, shell))
     finally:
         for stream in (sys.stdout, sys.stderr):
