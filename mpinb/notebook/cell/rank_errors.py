@@ -170,8 +170,10 @@ def why_stuck(recovery):
     if failed:
         return "letting them out failed: " + "; ".join(f"rank {rank}: {', '.join(problems)}"
                                                        for rank, problems in sorted(failed.items()))
-    if recovery.plan is not None:
+    if recovery.plan:
         return "they stayed in MPI after the other ranks completed what they waited for"
+    if recovery.plan is not None:
+        return "they stayed in MPI, in a collective every rank of it was in"
     return None
 
 

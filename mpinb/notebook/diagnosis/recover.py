@@ -85,7 +85,8 @@ class Recovery:
             return None
         for rank, items in self.plan.items():
             self.channel.settle(rank, self.number, items)
-        self.note = describe(self.states, pending)
+        # with nothing to do (every rank in the collective, as in a DDP backward that holds Stop), no rank stood in
+        self.note = describe(self.states, pending) if self.plan else None
         return 3.0
 
     def stage(self, replies):
@@ -93,8 +94,10 @@ class Recovery:
         pending = [rank for rank in self.ranks if rank not in replies]
         if self.reason is not None:
             return f"{label_ranks(pending)} cannot be let out ({self.reason})"
-        if self.plan is not None:
+        if self.plan:
             return f"letting {label_ranks(pending)} out: {describe(self.states, pending).replace(' left ', ' in ')}"
+        if self.plan is not None:  # nothing to do: they finish the collective they are all in, then stop
+            return f"waiting for {describe(self.states, pending).replace(' left ', ' to finish ')}"
         return f"asking {label_ranks(pending)} where they wait in MPI"
 
     def failed_steps(self):
