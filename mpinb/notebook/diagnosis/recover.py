@@ -52,8 +52,8 @@ class Recovery:
 
         The roll call is repeated (every 0.2 s, for ``settle_within`` s) until every rank that has not answered
         the interrupt is seen waiting in MPI: a rank still running Python is about to answer it. A rank that
-        answers meanwhile has ended its cell (and taken a DDP step it never reduced out of its ledger): the plan is
-        made from a roll call after that."""
+        answers meanwhile has ended its cell, and its ledger is as it left it: the plan is made from a roll call
+        after that."""
         now = time.monotonic() if now is None else now
         pending = [rank for rank in self.ranks if rank not in replies]
         if self.plan is not None or self.reason is not None or not pending:
