@@ -10,11 +10,9 @@ this script starts spinning on a core the whole time (stopped by its pid at the 
 import argparse
 import contextlib
 import io
-import subprocess
-import sys
 
 from bench import allreduce_rows
-from results import OtherLoad, publish, shell
+from results import OtherLoad, one_core_busy, publish, shell
 
 MARK = "<!-- busy machine -->"
 
@@ -34,12 +32,8 @@ def main():
     load = OtherLoad()
     idle = measure(ip, args.reps)
     idle_load = load.summary()
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with one_core_busy():
         busy = measure(ip, args.reps)
-    finally:
-        spinner.kill()
-        spinner.wait()
     ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
     rows = ["| machine | allreduce_gradients | one flat Allreduce | gloo | flat ÷ ours | gloo ÷ ours |",
             "|---|---|---|---|---|---|"]

@@ -1,5 +1,8 @@
 """Keep one marked section of benchmarks/RESULTS.md current: each benchmark script rewrites only its own table."""
 
+import contextlib
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -25,6 +28,19 @@ def publish(table, path, mark):
     else:
         text = text.rstrip("\n") + "\n\n" + table + "\n"
     Path(path).write_text(text)
+
+
+
+@contextlib.contextmanager
+def one_core_busy():
+    """Another process spinning on a core while the block runs, stopped by its pid at the end: the busy-machine
+    rows."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 class OtherLoad:

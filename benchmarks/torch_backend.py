@@ -150,14 +150,14 @@ def main():
         here = Path(__file__).resolve().parent  # benchmarks/profile.py would be the standard library's profile
         sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
         return ranks_main(args.rounds, os.environ[ON_RANKS])
-    from results import OtherLoad, publish
+    from results import OtherLoad, one_core_busy, publish
 
     from mpinb.notebook.world.mpis import default_mpiexec
 
     load = OtherLoad()
     jobs, took = {}, {}
     with tempfile.TemporaryDirectory() as folder:
-        def job(ranks):
+        def run_job(ranks):
             out = os.path.join(folder, f"{ranks}.json")
             command = [default_mpiexec(), "-n", str(ranks), sys.executable, __file__, "--rounds", str(args.rounds)]
             environment = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, ON_RANKS: out, "OMP_NUM_THREADS": "1"}
@@ -166,17 +166,13 @@ def main():
 
         for ranks in args.ranks:
             tic = time.perf_counter()
-            jobs[ranks] = job(ranks)
+            jobs[ranks] = run_job(ranks)
             took[ranks] = time.perf_counter() - tic
         others = load.summary()
         busy = None
         if args.busy and 2 in jobs:
-            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            try:
-                busy = job(2)
-            finally:
-                spinner.kill()
-                spinner.wait()
+            with one_core_busy():
+                busy = run_job(2)
     first = next(iter(jobs.values()))
     rows = [MARK, f"The `mpi4py` torch.distributed backend (`rank/torch_backend/`) against raw mpi4py and gloo, "
             f"in one job per world size under plain mpiexec, one torch thread per rank, arms alternating, medians "
