@@ -8,6 +8,7 @@ import psutil
 import pytest
 import world_record
 from IPython.core.interactiveshell import InteractiveShell
+from mpinb.notebook.world.lifecycle import State
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +42,7 @@ def world_of(ip, magics):
     def ensure(size):
         if magics.world is None or not magics.world.running:
             ip.run_line_magic("mpi", f"start -n {size}")
-        elif magics.world.size != size:
+        elif magics.world.size != size or magics.world.lifecycle.state == State.DEAD:  # an earlier test's, failed
             ip.run_line_magic("mpi", f"restart -n {size}")
         return magics.world
 

@@ -2,9 +2,10 @@
 IPython names them, and the rank that crashed first (real worlds; a real kernel where the kernel matters)."""
 
 import re
+import threading
 
 import pytest
-from conftest import leftover_ranks, new_world_tag
+from conftest import leftover_ranks, new_world_tag, world_processes
 from IPython.core.error import UsageError
 from kernel_session import jupyter_client_kernel, run
 
@@ -139,6 +140,29 @@ def test_a_rank_that_died_during_a_cell_is_said_to_have_died_in_it_and_the_world
     assert str(info.value).startswith("the 2-rank world is dead ("), str(info.value)
     ip.run_line_magic("mpi", "restart --fresh")
     assert mpi("rank") == {0: 0, 1: 1}
+
+
+def test_a_rank_that_mpiexec_ends_a_moment_after_a_death_is_said_to_have_ended_with_it(world_of, mpi):
+    """On a busy machine mpiexec can take a while to end the other ranks once one died: a cell sent meanwhile said
+    rank 1 died, and not that rank 0 ended with it. mpiexec (and its proxy) are held here as a busy machine
+    would: stopped from before the death until a moment after the next cell was sent."""
+    world = world_of(2)
+    hydra = [process for process in world_processes(world) if process.name().startswith(("mpiexec", "hydra"))]
+    assert hydra, [process.name() for process in world_processes(world)]
+    for process in hydra:
+        process.suspend()
+    resume = threading.Timer(2.0, lambda: [process.resume() for process in hydra])
+    resume.start()
+    try:
+        with pytest.raises(RankError):
+            mpi("import os, threading, time\nif rank == 1:\n    threading.Timer(0.3, lambda: os._exit(3)).start()\n"
+                "time.sleep(1)")
+        with pytest.raises(MPIError) as info:
+            mpi("rank")
+    finally:
+        resume.join()
+    assert re.search(r"^rank 1 of this world died during In\[\d+\] \(exit code 3\); rank 0 ended with it, so the "
+                     r"world cannot run cells", str(info.value)), str(info.value)
 
 
 def test_a_frameworks_internal_frames_are_folded_and_the_users_lines_shown(world_of, mpi):

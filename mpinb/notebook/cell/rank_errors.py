@@ -17,12 +17,27 @@ RESTART = ("%mpi restart starts a fresh world of the same size, with every rank'
            "every rank finished (--fresh: without them)")  # what to do once a rank died
 
 
+ENDED_WITH = 5.0  # s after a rank's death that the others may still be ending with it (3 s TERM_GRACE, launch.py)
+WALL_CLOCK = 1e9  # a Death.when above this is a time.time() (ranks on other hosts have an order instead)
+
+
+def _first(deaths):
+    """The death that came first: the earliest recorded, then the lowest rank."""
+    return min(deaths.values(), key=lambda death: (death.when is None, death.when or 0.0, death.rank))
+
+
 def died_earlier(world, dead):
     """Why a world whose ranks *dead* died cannot run a cell: which rank died first, during which cell (or while
     no cell ran), how (its exit code or signal, as its launcher recorded it), and which ended with it; for a death
     no cell showed, where it was (a fatal signal) and the last lines it wrote to stderr."""
     deaths = death_report(world, dead, wait=0.5)
-    first = min(deaths.values(), key=lambda death: (death.when is None, death.when or 0.0, death.rank))
+    first = _first(deaths)
+    if (first.when or 0.0) > WALL_CLOCK and len(dead) < len(world.ranks):  # a death this host recorded, and when
+        # the next cell can come before mpiexec has ended the others: they are said to have ended with it
+        more = world.liveness.ended_with(dead, until=first.when + ENDED_WITH)
+        if more != dead:
+            dead, deaths = more, death_report(world, more, wait=0.5)
+            first = _first(deaths)
     when = f"during In[{world.died_in}]" if world.died_in is not None else "while no cell ran"
     if first.job_ended:
         return f"{first.job_ended} {when}, and every rank with it, so the world cannot run cells: {RESTART}"

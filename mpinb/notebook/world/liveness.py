@@ -36,6 +36,16 @@ class Liveness:
             return sorted(self.dead_here(ranks))
         return self.dead_ranks(ranks)
 
+    def ended_with(self, dead, until):
+        """*dead*, and those of the world's other ranks that end before the wall-clock time *until*: mpiexec ends
+        the rest of a job once a rank died, which takes a moment (an engine whose cell holds its event loop is
+        killed ``TERM_GRACE`` s after mpiexec's SIGTERM, ``rank/launch.py``). Returns once every rank has ended."""
+        ranks = self.world.ranks
+        while len(dead) < len(ranks) and time.time() < until:
+            time.sleep(0.05)
+            dead = sorted(set(dead) | set(self.dead_ranks(ranks)))
+        return dead
+
     def dead_here(self, ranks):
         """Those of *ranks* on this host whose engine process has ended: one read of each process's state."""
         dead = []
