@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import zmq
 from conftest import assert_all_gone, world_processes
 from IPython.core.error import UsageError
 
@@ -68,6 +69,29 @@ def test_every_failure_is_reported_whatever_happened_to_earlier_worlds(ip, magic
         mpi("rank")
     ip.run_line_magic("mpi", "restart")
     assert mpi("rank") == {0: 0, 1: 1}
+
+
+def test_a_rank_that_ends_the_job_before_the_cell_reached_the_others_is_named_as_in_any_cell(world_of, mpi,
+                                                                                              monkeypatch):
+    """The cell goes to the ranks one by one. On a busy machine the notebook can be held between two of those
+    sends long enough for rank 0 to run the cell's MPI_Abort and mpiexec to end rank 1. The cell then said "ranks
+    0-1 died while no cell ran (exit status unknown ...)", not who called MPI_Abort. Here the notebook is held 2 s
+    after the cell went to rank 0, as a busy machine would hold it."""
+    world = world_of(2)
+    cells, send = world.channel.cells, zmq.Socket.send_multipart
+
+    def held_after_rank_0(socket, frames, *args, **kwargs):
+        sent = send(socket, frames, *args, **kwargs)
+        if socket is cells and frames[0] == b"0":
+            time.sleep(2.0)
+        return sent
+
+    monkeypatch.setattr(zmq.Socket, "send_multipart", held_after_rank_0)
+    with pytest.raises(RankError, match=r"rank 0 called MPI_Abort\(MPI_COMM_WORLD, 2\)"):
+        mpi("if rank == 0:\n    comm.Abort(2)\ncomm.Barrier()")
+    monkeypatch.undo()
+    with pytest.raises(MPIError, match=r"died during In\[\d+\]"):
+        mpi("rank")
 
 
 def test_a_death_between_cells_names_the_rank_and_how_it_died(ip, world_of, mpi):

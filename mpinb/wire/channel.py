@@ -20,8 +20,20 @@ import zmq
 from . import bulk, messages
 from .shm import Segments
 from .failures import MPIError
+from .ranks import label_ranks
 from .kinds import (AskNative, AskStack, Bulk, Cell, CellOptions, Hello, Input, Kept, Metrics, Native, Out, Reply,
                     RollCall, Settle, Stack, Stdin, TraceSpans)
+
+
+class Unreached(MPIError):
+    """Some ranks are no longer connected to the cell channel (their process ended, or their connection did):
+    the cell *cell_id* went to *reached* only (a rank that got it first may have ended the others, MPI_Abort)."""
+
+    def __init__(self, cell_id, reached, unreached):
+        super().__init__(f"{label_ranks(unreached)} {'is' if len(unreached) == 1 else 'are'} no longer connected "
+                         "to the cell channel (the process ended, or its connection did): %mpi restart starts a "
+                         "fresh world of the same size")
+        self.cell_id, self.reached, self.unreached = cell_id, reached, unreached
 
 
 class Channel:
@@ -102,14 +114,16 @@ class Channel:
         self._next_cell += 1
         cell_id = self._next_cell
         frames = self.signer.pack(Cell(cell_id, code, number, options or CellOptions()))
+        unreached = []
         for rank in ranks:
             try:
                 self.cells.send_multipart([str(rank).encode(), *frames])
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
-                raise MPIError(f"rank {rank} is no longer connected to the cell channel (its process ended, or its "
-                               "connection did): %mpi restart starts a fresh world of the same size") from None
+                unreached.append(rank)
+        if unreached:
+            raise Unreached(cell_id, [rank for rank in ranks if rank not in unreached], unreached)
         return cell_id
 
     def roll_call(self, ranks, number):

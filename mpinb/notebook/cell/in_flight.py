@@ -8,6 +8,7 @@ import time
 from IPython.core.error import StdinNotImplementedError
 
 from ...errors import MPIError, RankLost
+from ...wire.channel import Unreached
 from ...wire.ranks import label_ranks
 from .. import panel, stops
 from ..world import State
@@ -64,12 +65,16 @@ class InFlight:
             try:
                 self.cell_id = self.result.cell_id = self.channel.send_cell(self.ranks, self.code, settings.number,
                                                                             options)
-            except MPIError:  # a rank's connection is gone: if its process is, say which died and how
+            except Unreached as unreached:  # a rank's connection is gone: if its process is, say which died and how
                 dead = self.world.dead_ranks(self.ranks)
                 if not dead:
                     raise
-                self.world.lifecycle.dead()
-                raise MPIError(died_earlier(self.world, dead)) from None
+                if not unreached.reached or not set(unreached.unreached) <= set(dead):
+                    self.world.lifecycle.dead()
+                    raise MPIError(died_earlier(self.world, dead)) from None
+                # the ranks sent to first began the cell (one may have ended the rest: MPI_Abort); the dead are
+                # found, and said how they died, as in any cell
+                self.cell_id = self.result.cell_id = unreached.cell_id
             self.deadline = now + settings.timeout if settings.timeout else None
             self.check_liveness_at = now + settings.liveness_every
             metrics = settings.metrics
