@@ -90,8 +90,10 @@ def test_a_rank_that_ends_the_job_before_the_cell_reached_the_others_is_named_as
     with pytest.raises(RankError, match=r"rank 0 called MPI_Abort\(MPI_COMM_WORLD, 2\)"):
         mpi("if rank == 0:\n    comm.Abort(2)\ncomm.Barrier()")
     monkeypatch.undo()
-    with pytest.raises(MPIError, match=r"died during In\[\d+\]"):
+    with pytest.raises(MPIError) as info:  # the next cell said "ranks 0-1 died ... (exit status unknown ...)"
         mpi("rank")
+    assert re.search(r"^rank 0 of this world died during In\[\d+\] \(called MPI_Abort\(MPI_COMM_WORLD, 2\)\); "
+                     r"rank 1 ended with it, so the world cannot run cells", str(info.value)), str(info.value)
 
 
 def test_a_death_between_cells_names_the_rank_and_how_it_died(ip, world_of, mpi):

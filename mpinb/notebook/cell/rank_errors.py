@@ -41,7 +41,7 @@ def died_earlier(world, dead):
     when = f"during In[{world.died_in}]" if world.died_in is not None else "while no cell ran"
     if first.job_ended:
         return f"{first.job_ended} {when}, and every rank with it, so the world cannot run cells: {RESTART}"
-    if len(dead) > 1 and all(d.returncode is None and d.unrecorded for d in deaths.values()):
+    if len(dead) > 1 and not first.abort and all(d.returncode is None and d.unrecorded for d in deaths.values()):
         # none left a record, so none can be said to have died first (mpiexec ends the rest of a job at once)
         text = f"{label_ranks(dead)} of this world died {when} (exit status unknown{first.unknown_why(many=True)})"
     else:
