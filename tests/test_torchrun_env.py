@@ -2,6 +2,7 @@
 the frameworks that read it work in any ``%%mpi`` cell, after ``%mpi restart`` too, and ``mpinb.torch``'s helper
 meets where they do."""
 
+import errno
 import json
 import socket
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+import zmq
 
 from mpinb.notebook.world.mpis import default_mpiexec
 
@@ -31,8 +33,8 @@ _local.Free()
 env = {{name: os.environ.get(name) for name in {NAMES!r}}}
 """
 
-# on rank 0, before any group: nothing listens on MASTER_PORT, and the port is held for the world (a plain bind
-# is refused), so no other socket of this host takes it in the meantime
+# on rank 0, before any group: the world listens on MASTER_PORT (a connection is taken), and a plain bind is
+# refused, so no other socket of this host takes it in the meantime
 PORT_FREE = """
 import socket
 def _port_state():
@@ -40,7 +42,7 @@ def _port_state():
     try:
         socket.create_connection((address, port), timeout=10).close()
         listening = True
-    except ConnectionRefusedError:
+    except ConnectionRefusedError:  # nobody listens
         listening = False
     with socket.socket() as other:
         try:
@@ -118,7 +120,7 @@ def check_across_hosts(result, hosts):
 
 @pytest.mark.slow
 def test_env_init_process_group_all_reduces_in_a_new_world_and_again_after_a_restart(world_of, ip, mpi):
-    """In a world no group has used yet MASTER_PORT is free and held; ``dist.init_process_group("gloo")`` with no
+    """In a world no group has used yet MASTER_PORT is held by a socket listening for the store; ``dist.init_process_group("gloo")`` with no
     arguments meets there, sums, is destroyed, and meets there again (a re-run cell); a restart is a new world with
     its own run id and the same holds."""
     world_of(3)
@@ -129,11 +131,36 @@ def test_env_init_process_group_all_reduces_in_a_new_world_and_again_after_a_res
         check_consistent(env, split, 3)
         run_ids.append(env[0]["TORCHELASTIC_RUN_ID"])
         mpi(PORT_FREE, line="--gather port_state --no-inspect")
-        assert ip.user_ns["port_state"][0] == (False, True)  # nobody listens, and the world holds it
+        assert ip.user_ns["port_state"][0] == (True, True)  # the world listens there, and holds it
         for _ in range(2):
             assert mpi(ENV_ALL_REDUCE, line="--timeout 120") == {r: (6.0, False) for r in range(3)}
         ip.run_line_magic("mpi", "restart")
     assert run_ids[0] != run_ids[1]
+
+
+@pytest.mark.slow
+def test_a_program_that_binds_master_port_as_zmq_does_is_refused_and_env_init_still_meets_there(world_of, ip, mpi):
+    """Programs that choose a port by binding port 0 and closing it, then bind it again later with ``SO_REUSEADDR``
+    (zmq's listeners: ipyparallel's controller, a Jupyter kernel) could take a port that was bound but not
+    listening, and rank 0's store then failed with EADDRINUSE. The world listens on MASTER_PORT from its start,
+    so such a bind is refused and ``env://`` meets there."""
+    world_of(3)
+    ip.run_line_magic("mpi", "restart")  # a world whose store no group has made yet
+    env, _ = environments(ip, mpi)
+    port = int(env[0]["MASTER_PORT"])
+    context = zmq.Context()
+    intruder = context.socket(zmq.ROUTER)
+    try:
+        try:
+            intruder.bind(f"tcp://127.0.0.1:{port}")
+            refused = None
+        except zmq.ZMQError as exc:
+            refused = exc.errno
+        assert refused == errno.EADDRINUSE, "another program could listen on the world's MASTER_PORT"
+        assert mpi(ENV_ALL_REDUCE, line="--timeout 120") == {r: (6.0, False) for r in range(3)}
+    finally:
+        intruder.close(0)
+        context.term()
 
 
 def test_init_process_group_meets_where_the_environment_says_and_agrees_with_it(world_of, ip, mpi):
@@ -147,7 +174,7 @@ def test_init_process_group_meets_where_the_environment_says_and_agrees_with_it(
     # the group's store listens on MASTER_PORT: the helper met at the environment's address
     listening = "socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 10).close()"
     mpi(f"import socket\n{listening}")
-    assert mpi("t = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nt.item()") == {r: 6.0 for r in range(3)}
+    assert mpi("import torch\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nt.item()") == {r: 6.0 for r in range(3)}
     mpi("mt.destroy_process_group()")
     assert mpi(ENV_ALL_REDUCE, line="--timeout 120") == {r: (6.0, False) for r in range(3)}  # env:// after it
 

@@ -7,7 +7,7 @@ import os
 import socket
 import uuid
 
-from . import group_record
+from . import group_record, master_port
 
 LOOPBACK = "127.0.0.1"
 
@@ -32,9 +32,9 @@ def torchrun_environment(*, comm=None):
       on its host (an MPI shared-memory split; hosts may hold different numbers of ranks). ``GROUP_RANK``,
       ``GROUP_WORLD_SIZE``: the host's index among the hosts, in the order of their lowest rank, and how many.
     - ``MASTER_ADDR``: ``127.0.0.1`` when every rank shares one host, else rank 0's address as the others reach
-      it. ``MASTER_PORT``: a port that was free on rank 0's host; rank 0 holds it (bound, not listening, with
-      ``SO_REUSEADDR``, which torch's store also sets) until the process exits, so no other socket of the host
-      takes it before a store listens there. Both are rank 0's own when its environment already has them
+      it. ``MASTER_PORT``: a port that was free on rank 0's host; rank 0 listens on it from then on, so no
+      other socket of the host can take it, and the first store torch serves there takes that socket over
+      (``master_port.py``; a rank that meets early waits in its backlog, as under ``torchrun``). Both are rank 0's own when its environment already has them
       (each kept on its own), the same on every rank either way.
     - ``TORCHELASTIC_RUN_ID``: new for every call (so for every world); ``TORCHELASTIC_RESTART_COUNT`` and
       ``TORCHELASTIC_MAX_RESTARTS`` ``0``: each world is a first start to torch; ``TORCHELASTIC_USE_AGENT_STORE``
@@ -104,15 +104,8 @@ def _master(hosts, one_host):
         raise ValueError(f"MASTER_PORT={port!r} in the environment is not a port: unset it (a free one is chosen) "
                          "or give a number from 1 to 65535")
     if not port:
-        holder = socket.socket()
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("", 0))
-        _held.append(holder)
-        port = holder.getsockname()[1]
+        port = master_port.hold()
     return address, int(port), f"mpinb-{uuid.uuid4().hex}"
-
-
-_held = []  # rank 0's sockets holding the MASTER_PORTs it chose, for as long as the process lives
 
 
 def _reachable_address(hosts):
@@ -179,7 +172,8 @@ def init_process_group(backend=None, *, comm=None, timeout=120.0):
     :func:`torchrun_environment`), at ``MASTER_ADDR:MASTER_PORT`` as ``env://`` meets, so a group this makes
     and one that ``dist.init_process_group()`` or a framework makes in the same world meet at the same store,
     and either can follow the other once it is destroyed. Otherwise (plain ``mpiexec``, a sub-communicator)
-    rank 0 picks a free port (on loopback when every rank shares its host) and broadcasts it, as it always did.
+    rank 0 picks a free port (on loopback when every rank shares its host), holds it as ``MASTER_PORT`` is held, and
+    broadcasts it.
     *backend* ``None`` picks nccl when each rank has a GPU of its own, gloo when ranks share GPUs, and on CPUs
     ``"mpi4py"``, mpinb's backend over MPI (``rank/torch_backend/``: every call through mpi4py, a mismatch named on
     every rank, the world kept); ``backend="gloo"`` gives gloo on CPUs as before; with a GPU,
@@ -275,7 +269,7 @@ def _meeting_point(comm):
     address = None
     if comm.rank == 0:
         host = LOOPBACK if one_host else _reachable_address(hosts)
-        address = (host, _free_port(host if one_host else ""))
+        address = (host, master_port.hold(host if one_host else ""))
     host, port = comm.bcast(address, root=0)
     return f"tcp://{f'[{host}]' if ':' in host else host}:{port}"
 
@@ -342,12 +336,6 @@ def destroy_process_group():
         gc.collect()  # DistributedDataParallel's reducer holds the group: let it go first
         dist.destroy_process_group()
     group_record.forget()
-
-
-def _free_port(host):
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def _loopback_interface():
