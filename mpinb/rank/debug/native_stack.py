@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 from ...wire.rank_files import TRACER_ENV
 
@@ -46,9 +47,14 @@ def parse(pid, out, err, code):
         if "ermission" in text or "not permitted" in text:
             return [], (f"no native frames: py-spy may not ptrace the ranks ({last}): sudo sysctl "
                         "kernel.yama.ptrace_scope=1, or run the kernel with CAP_SYS_PTRACE")
-        for line in text.splitlines():  # anyhow's cause, more telling than its last line
+        lines = text.splitlines()
+        for at, line in enumerate(lines):  # anyhow's error and its first cause, more telling than its last line
             if line.startswith("Error:"):
                 last = line.removeprefix("Error:").strip()
+                cause = next((rest.strip().removeprefix("0:").strip() for rest in lines[at + 1:]
+                              if rest.strip() and rest.strip() != "Caused by:"), "")
+                if cause and not cause.startswith("Stack backtrace"):
+                    last = f"{last} ({cause})"
                 break
         return [], f"py-spy could not read it: {last}"
     try:
@@ -64,24 +70,40 @@ def parse(pid, out, err, code):
     return frames, ""
 
 
+def worth_retrying(err, code):
+    """Whether a py-spy that ended with *err* and exit *code* may read the process if run again: its unwinding
+    fails now and then on a thread caught between two states ("Failed to get stack traces" with libunwind's
+    ``UNW_EBADREG``); a refusal to ptrace stays one."""
+    text = err.decode(errors="replace") if isinstance(err, bytes) else err or ""
+    return code != 0 and "ermission" not in text and "not permitted" not in text
+
+
+ATTEMPTS = 3  # py-spy runs per process read, while the time allows
+
+
 def own(timeout=TIMEOUT):
-    """``(frames, note)`` of this process's main thread, read by a py-spy this process starts (:func:`parse`)."""
+    """``(frames, note)`` of this process's main thread, read by a py-spy this process starts (:func:`parse`),
+    again when one fails in a way that may pass (:func:`worth_retrying`)."""
     tool = py_spy()
     if tool is None:
         return [], (f"no native frames: py-spy is not installed on {socket.gethostname()} (pip install py-spy "
                     "in the ranks' environment there)")
-    process = subprocess.Popen(command(tool, os.getpid()), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               stdin=subprocess.DEVNULL)
-    _allow(process.pid)  # py-spy takes a tenth of a second before it attaches: long after this
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-        return [], f"py-spy did not answer within {timeout:g} s"
-    finally:
-        host, _, kernel = os.environ.get(TRACER_ENV, "").rpartition(":")
-        _allow(int(kernel) if kernel.isdigit() and host == socket.gethostname() else 0)  # as the launcher left it
+    deadline = time.monotonic() + timeout
+    for _ in range(ATTEMPTS):
+        process = subprocess.Popen(command(tool, os.getpid()), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   stdin=subprocess.DEVNULL)
+        _allow(process.pid)  # py-spy takes a tenth of a second before it attaches: long after this
+        try:
+            out, err = process.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            return [], f"py-spy did not answer within {timeout:g} s"
+        finally:
+            host, _, kernel = os.environ.get(TRACER_ENV, "").rpartition(":")
+            _allow(int(kernel) if kernel.isdigit() and host == socket.gethostname() else 0)  # as the launcher left it
+        if not worth_retrying(err, process.returncode) or time.monotonic() >= deadline:
+            break
     return parse(os.getpid(), out, err, process.returncode)
 
 

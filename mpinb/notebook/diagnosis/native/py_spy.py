@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from ....rank.debug.native_stack import PY_SPY, TIMEOUT, command, parse, py_spy
+from ....rank.debug.native_stack import ATTEMPTS, PY_SPY, TIMEOUT, command, parse, py_spy, worth_retrying
 from ....wire.rank_files import TRACER_ENV, tracer
 
 CAP_SYS_PTRACE = 19
@@ -135,8 +135,9 @@ ASK_WAIT = 5.0  # s the ranks on other hosts get to read themselves (py-spy: 0.2
 
 
 def read(tool, pids, *, timeout=TIMEOUT):
-    """``{pid: (stdout, stderr, exit code)}`` of ``py-spy dump --native --json`` on each of *pids*. A py-spy still
-    running after *timeout* s is killed, its pid left out.
+    """``{pid: (stdout, stderr, exit code)}`` of ``py-spy dump --native --json`` on each of *pids*, run again (up to
+    ``ATTEMPTS`` times) when it fails in a way that may pass. A py-spy still running after *timeout* s is killed,
+    its pid left out unless an earlier run of it ended.
 
     Ranks waiting in MPI spin (MPICH polls): eight of them on two cores leave a py-spy a tenth of a core. Where
     Linux groups processes by session for the scheduler (``sched_autogroup_enabled``), each py-spy runs in a session
@@ -146,7 +147,7 @@ def read(tool, pids, *, timeout=TIMEOUT):
     grouped = _read_int("/proc/sys/kernel/sched_autogroup_enabled") == 1
     held = [] if grouped else _stop(pids)
     width = len(pids) if grouped else max(os.cpu_count() or 1, 1)
-    pending, running, done = list(pids), {}, {}
+    pending, running, done, tries = list(pids), {}, {}, {}
     deadline = time.monotonic() + timeout
     try:
         while (pending or running) and time.monotonic() < deadline:
@@ -170,6 +171,9 @@ def read(tool, pids, *, timeout=TIMEOUT):
                 done[pid] = (out.read(), err.read(), process.returncode)
                 out.close()
                 err.close()
+                tries[pid] = tries.get(pid, 0) + 1
+                if tries[pid] < ATTEMPTS and worth_retrying(*done[pid][1:]):
+                    pending.append(pid)  # its unwinding failed this time: read again while the time allows
             time.sleep(0.005)
     finally:
         for process, out, err in running.values():  # the py-spys started here; a rank one paused resumes

@@ -71,14 +71,20 @@ def for_unanswered(world, ranks, stacks=None):
     if not ranks:
         return {}
     native, _ = py_spy.capture(world, ranks)
-    return {rank: stack for rank, stack in native.items() if stack.frames}
+    return {rank: stack for rank, stack in native.items() if stack.frames or stack.note}
 
 
 def in_error(native, python, code):
     """``(what the error's message adds, what its traceback adds)`` for a rank that did not answer: ``"; natively
-    in MPI_Barrier (libmpi.so.12)"`` and its innermost native frames, or nothing without them."""
-    if native is None or not native.frames:
+    in MPI_Barrier (libmpi.so.12)"`` and its innermost native frames; why there are none when py-spy was run and
+    gave none (``"; no native frames (py-spy did not answer within 10 s)"``); nothing when it was not run."""
+    if native is None:
         return "", []
+    if not native.frames:
+        if not native.note:
+            return "", []
+        said = native.note if native.note.startswith("no native frames") else f"no native frames ({native.note})"
+        return f"; {said}", []
     spot = places.place(native)
     if spot is None:
         return "", []
