@@ -163,6 +163,29 @@ def test_a_program_that_binds_master_port_as_zmq_does_is_refused_and_env_init_st
         context.term()
 
 
+# a store the user makes on MASTER_PORT themselves, rank 0 serving it, then a group on it
+OWN_STORE = """
+import datetime, os, torch, torch.distributed as dist
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, rank == 0,
+                      datetime.timedelta(seconds=60))
+dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
+t = torch.tensor([rank + 1.0])
+dist.all_reduce(t)
+dist.destroy_process_group()
+(t.item(), type(store).__name__, isinstance(store, torch._C._distributed_c10d.TCPStore))
+"""
+
+
+@pytest.mark.slow
+def test_a_store_the_user_makes_on_master_port_is_served_there(world_of, ip, mpi):
+    """The world listens on MASTER_PORT: the store a user's code makes there as the server
+    (``dist.TCPStore(MASTER_ADDR, MASTER_PORT, size, rank == 0)``) is given that socket, so the code runs as under
+    plain mpiexec with a MASTER_PORT of its own."""
+    world_of(2)
+    ip.run_line_magic("mpi", "restart")  # a world whose port no store has taken yet
+    assert mpi(OWN_STORE, line="--timeout 120") == {r: (3.0, "TCPStore", True) for r in range(2)}
+
+
 def test_init_process_group_meets_where_the_environment_says_and_agrees_with_it(world_of, ip, mpi):
     world_of(3)
     mpi(NO_GROUP)
