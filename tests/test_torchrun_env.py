@@ -120,9 +120,9 @@ def check_across_hosts(result, hosts):
 
 @pytest.mark.slow
 def test_env_init_process_group_all_reduces_in_a_new_world_and_again_after_a_restart(world_of, ip, mpi):
-    """In a world no group has used yet MASTER_PORT is held by a socket listening for the store; ``dist.init_process_group("gloo")`` with no
-    arguments meets there, sums, is destroyed, and meets there again (a re-run cell); a restart is a new world with
-    its own run id and the same holds."""
+    """In a world no group has used yet MASTER_PORT is held by a socket listening for the store;
+    ``dist.init_process_group("gloo")`` with no arguments meets there, sums, is destroyed, and meets there again (a
+    re-run cell); a restart is a new world with its own run id and the same holds."""
     world_of(3)
     ip.run_line_magic("mpi", "restart")
     run_ids = []
@@ -197,7 +197,8 @@ def test_init_process_group_meets_where_the_environment_says_and_agrees_with_it(
     # the group's store listens on MASTER_PORT: the helper met at the environment's address
     listening = "socket.create_connection((os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])), 10).close()"
     mpi(f"import socket\n{listening}")
-    assert mpi("import torch\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nt.item()") == {r: 6.0 for r in range(3)}
+    summed = mpi("import torch\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nt.item()")
+    assert summed == {r: 6.0 for r in range(3)}
     mpi("mt.destroy_process_group()")
     assert mpi(ENV_ALL_REDUCE, line="--timeout 120") == {r: (6.0, False) for r in range(3)}  # env:// after it
 
