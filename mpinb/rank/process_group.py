@@ -32,11 +32,10 @@ def torchrun_environment(*, comm=None):
       on its host (an MPI shared-memory split; hosts may hold different numbers of ranks). ``GROUP_RANK``,
       ``GROUP_WORLD_SIZE``: the host's index among the hosts, in the order of their lowest rank, and how many.
     - ``MASTER_ADDR``: ``127.0.0.1`` when every rank shares one host, else rank 0's address as the others reach
-      it. ``MASTER_PORT``: a port that was free on rank 0's host; rank 0 listens on it from then on, so no
-      other socket of the host can take it, and the first store served there (``env://``'s, ``tcp://``'s, or a
-      ``dist.TCPStore(..., is_master=True)`` of the user's) takes that socket over (``master_port.py``; a rank
-      that meets early waits in its backlog, as under ``torchrun``). Both are rank 0's own when its environment
-      already has them (each kept on its own), the same on every rank either way.
+      it. ``MASTER_PORT``: a port that was free on rank 0's host; rank 0 listens on it from then on (no other
+      socket of the host can take it) and the first store served there takes that socket over (``master_port.py``).
+      Both are rank 0's own when its environment already has them (each kept on its own), the same on every rank
+      either way.
     - ``TORCHELASTIC_RUN_ID``: new for every call (so for every world); ``TORCHELASTIC_RESTART_COUNT`` and
       ``TORCHELASTIC_MAX_RESTARTS`` ``0``: each world is a first start to torch; ``TORCHELASTIC_USE_AGENT_STORE``
       ``False``: rank 0 hosts the store, as ``env://`` does without an agent.
