@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import leftover_ranks, new_world_tag, text_of
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 from tutorial_notebooks import NOTEBOOKS
 
 TUTORIALS = sorted(path.name for path in NOTEBOOKS.glob("0[1-8]_*.ipynb"))
@@ -58,7 +59,12 @@ def execute(name):
     resources = {"metadata": {"path": str(NOTEBOOKS)}}
     exercises = dict(EXERCISES[name])
     client = ReaderClient(notebook, exercises, timeout=120, kernel_name="python3", resources=resources)
-    client.execute()
+    try:
+        client.execute()
+    except CellExecutionError as failed:  # what the cells before it said: a rank's death is told where it happened
+        earlier = [text_of(cell) for cell in notebook.cells if cell.cell_type == "code" and cell.get("outputs")]
+        raise AssertionError(f"{name} stopped at a cell; the outputs before it:\n" + "\n---\n".join(earlier[-3:])) \
+            from failed
     print(f"{name} ran in {time.time() - started:.1f} s")
     assert not leftover_ranks(tag)
     assert sorted(client.probes) == sorted(exercises), f"no solution before the checks of {name}"
