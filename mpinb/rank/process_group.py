@@ -103,8 +103,8 @@ def _master(hosts, one_host):
     if port and not (port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"MASTER_PORT={port!r} in the environment is not a port: unset it (a free one is chosen) "
                          "or give a number from 1 to 65535")
-    if not port:
-        port = master_port.hold()
+    if not port:  # on loopback when the ranks meet there, so the port is not open beyond this host
+        port = master_port.hold(LOOPBACK if address == LOOPBACK else "")
     return address, int(port), f"mpinb-{uuid.uuid4().hex}"
 
 
