@@ -5,11 +5,12 @@
 Each job runs under plain mpiexec with one torch thread per rank, large tensors in huge pages and ``trace_torch``
 installed as in every mpinb world (each ``dist.*`` call noted in the ledger). Its default group is the mpi4py
 backend's; gloo is a group over the same ranks (``new_group(backend="gloo")``); raw is
-``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on a numpy array of the same bytes. Arms alternate call by call,
-each round in another order; a value is the median over
+``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on a numpy array of the same bytes. Arms take turns, each round
+in another shuffled order; a value is the median over
 rounds of the mean of a round's calls (32 MB of them at 1 MB and more), timed on rank 0 after a barrier.
-  large     ``dist.all_reduce`` of 1, 4, 16 and 64 MB of float32 against raw ``MPI.Allreduce`` (the ratio) and
-            gloo;
+  large     ``dist.all_reduce`` of 1, 4, 16 and 64 MB of float32 against raw ``MPI.Allreduce`` (the ratio), torch's
+            floor (``dist.all_reduce`` as torch has it over a group whose ``allreduce`` is only that
+            ``MPI.Allreduce``: what torch's own Python costs every backend) and gloo;
   small     the fixed cost of a call below 1 MB (4 B, 1 KB, 64 KB): µs per ``dist.all_reduce`` for the backend
             (with the check that the ranks agree, the default, and without it), raw mpi4py and gloo;
   DDP step  ``zero_grad``, forward, ``backward()``, ``step()`` of SGD with DDP's default buckets: a small CNN
@@ -24,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -75,6 +77,9 @@ def ranks_main(rounds, out):
             call()
         return (time.perf_counter() - tic) / repeat
 
+    bare = Bare(comm)
+    floor = trace_torch.original["all_reduce"]  # torch's own, without mpinb's ledger
+
     def backend(tensor, checked=True):
         def call():
             agreement.checked = checked
@@ -87,6 +92,7 @@ def ranks_main(rounds, out):
         tensor = torch.ones(nbytes // 4)
         array = np.ones(nbytes // 4, dtype=np.float32)
         arms = {"backend": backend(tensor), "raw": lambda a=array: comm.Allreduce(MPI.IN_PLACE, a, MPI.SUM),
+                "floor": lambda t=tensor: floor(t, group=bare),
                 "gloo": lambda t=tensor: dist.all_reduce(t, group=gloo)}
         # 32 MB through each arm per measurement: a few calls of 1 MB would time the barrier's skew, not the call
         repeat = max(2, (32 << 20) // nbytes)
@@ -96,6 +102,7 @@ def ranks_main(rounds, out):
         array = np.ones(max(1, nbytes // 4), dtype=np.float32)
         arms = {"backend": backend(tensor), "unchecked": backend(tensor, checked=False),
                 "raw": lambda a=array: comm.Allreduce(MPI.IN_PLACE, a, MPI.SUM),
+                "floor": lambda t=tensor: floor(t, group=bare),
                 "gloo": lambda t=tensor: dist.all_reduce(t, group=gloo)}
         results["small"][nbytes] = _rounds(arms, rounds, lambda call: timed(call, 200))
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -123,13 +130,33 @@ def ranks_main(rounds, out):
     mt.destroy_process_group()
 
 
+def Bare(comm):
+    """A process group whose ``allreduce`` is one ``MPI.Allreduce`` on the tensor's memory and nothing else: torch's
+    ``dist.all_reduce`` over it costs what torch's own Python costs every backend on top of the MPI call."""
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    from mpinb.rank.torch_backend import work
+
+    class BareGroup(dist.ProcessGroup):
+        def allreduce(self, tensors, opts=None):
+            comm.Allreduce(MPI.IN_PLACE, tensors[0].numpy(), MPI.SUM)
+            return work.Done(tensors)
+
+    return BareGroup(comm.Get_rank(), comm.Get_size())
+
+
 def _rounds(arms, rounds, measure):
-    """``{arm: median seconds}`` over *rounds* rounds, arms alternating in another order each round."""
+    """``{arm: median seconds}`` over *rounds* rounds, arms in a shuffled order each round (the same on every
+    rank: one seed). A rotation would run each arm after the same one every round: gloo's threads go on polling
+    for a while after its call and slow whichever arm comes next (the backend, 1.3x the floor at 16 MB on the
+    tensor they share, where after another arm it is 1.0x)."""
     names = list(arms)
     times = {name: [] for name in names}
+    shuffled = random.Random(len(names))
     measure(arms[names[0]])  # warm up
-    for number in range(rounds):
-        order = names[number % len(names):] + names[:number % len(names)]
+    for _ in range(rounds):
+        order = shuffled.sample(names, len(names))
         for name in order:
             times[name].append(measure(arms[name]))
     return {name: statistics.median(values) for name, values in times.items()}
@@ -180,22 +207,28 @@ def main():
             f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, torch {first['torch']}, "
             + ", ".join(f"{ranks} ranks {seconds:.0f} s" for ranks, seconds in took.items())
             + f"; {others}). More ranks than cores time the scheduler as much as the backend.", "",
-            "`dist.all_reduce` of float32, 1 MB and more: the backend against `MPI.Allreduce` of the same bytes",
-            "", "| ranks | bytes | backend | raw MPI.Allreduce | backend / raw | gloo | gloo / backend |",
-            "|---|---|---|---|---|---|---|"]
+            "`dist.all_reduce` of float32, 1 MB and more: the backend against `MPI.Allreduce` of the same bytes "
+            "(raw), and against torch's floor: `dist.all_reduce` as torch has it, without mpinb's ledger, over a "
+            "group whose `allreduce` is that `MPI.Allreduce` on the tensor and nothing else (what torch's Python "
+            "costs any backend)", "",
+            "| ranks | bytes | backend | raw MPI.Allreduce | backend / raw | floor | floor / raw | backend / floor "
+            "| gloo | gloo / backend |", "|---|---|---|---|---|---|---|---|---|---|"]
     for ranks, job in jobs.items():
         for nbytes, arms in job["results"]["large"].items():
             rows.append(f"| {ranks} | {_size(int(nbytes))} | {arms['backend'] * 1e3:.2f} ms | "
                         f"{arms['raw'] * 1e3:.2f} ms | {arms['backend'] / arms['raw']:.2f} | "
-                        f"{arms['gloo'] * 1e3:.2f} ms | {arms['gloo'] / arms['backend']:.2f} |")
+                        f"{arms['floor'] * 1e3:.2f} ms | {arms['floor'] / arms['raw']:.2f} | "
+                        f"{arms['backend'] / arms['floor']:.2f} | {arms['gloo'] * 1e3:.2f} ms | "
+                        f"{arms['gloo'] / arms['backend']:.2f} |")
     rows += ["", "Below 1 MB, µs per `dist.all_reduce` (the fixed cost: Python, the ledger, and the backend's "
              "check that the ranks agree, one `Allgather` of 4 numbers)", "",
-             "| ranks | bytes | backend | backend without the check | raw mpi4py Allreduce | gloo |",
-             "|---|---|---|---|---|---|"]
+             "| ranks | bytes | backend | backend without the check | raw mpi4py Allreduce | floor | gloo |",
+             "|---|---|---|---|---|---|---|"]
     for ranks, job in jobs.items():
         for nbytes, arms in job["results"]["small"].items():
             rows.append(f"| {ranks} | {_size(int(nbytes))} | {arms['backend'] * 1e6:.1f} | "
-                        f"{arms['unchecked'] * 1e6:.1f} | {arms['raw'] * 1e6:.1f} | {arms['gloo'] * 1e6:.1f} |")
+                        f"{arms['unchecked'] * 1e6:.1f} | {arms['raw'] * 1e6:.1f} | {arms['floor'] * 1e6:.1f} | "
+                        f"{arms['gloo'] * 1e6:.1f} |")
     rows += ["", "A DDP training step (DDP's default 25 MB buckets)", "",
              "| ranks | model | backend | gloo | gloo / backend |", "|---|---|---|---|---|"]
     for ranks, job in jobs.items():
