@@ -5,9 +5,9 @@
 Each job runs under plain mpiexec with one torch thread per rank, large tensors in huge pages and ``trace_torch``
 installed as in every mpinb world (each ``dist.*`` call noted in the ledger). Its default group is the mpi4py
 backend's; gloo is a group over the same ranks (``new_group(backend="gloo")``); raw is
-``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on a numpy array of the same bytes. Arms take turns, each round
-in another shuffled order; a value is the median over
-rounds of the mean of a round's calls (32 MB of them at 1 MB and more), timed on rank 0 after a barrier.
+``comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM)`` on the tensor's own memory (a numpy view of it). Arms take turns,
+each round in another shuffled order; a value is the median over rounds of the mean of a round's calls (64 MB of
+them at 1 MB and more), timed on rank 0 after a barrier.
   large     ``dist.all_reduce`` of 1, 4, 16 and 64 MB of float32 against raw ``MPI.Allreduce`` (the ratio), torch's
             floor (``dist.all_reduce`` as torch has it over a group whose ``allreduce`` is only that
             ``MPI.Allreduce``: what torch's own Python costs every backend) and gloo;
@@ -55,7 +55,6 @@ def models():
 def ranks_main(rounds, out):
     import copy
 
-    import numpy as np
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
@@ -90,16 +89,17 @@ def ranks_main(rounds, out):
     results = {"large": {}, "small": {}, "ddp": {}}
     for nbytes in LARGE:
         tensor = torch.ones(nbytes // 4)
-        array = np.ones(nbytes // 4, dtype=np.float32)
+        array = tensor.numpy()  # the tensor's own memory: a numpy array of its own lies elsewhere, and MPI's
+        # copies in and out of it took 1.25-1.5x as long at 4 and 16 MB
         arms = {"backend": backend(tensor), "raw": lambda a=array: comm.Allreduce(MPI.IN_PLACE, a, MPI.SUM),
                 "floor": lambda t=tensor: floor(t, group=bare),
                 "gloo": lambda t=tensor: dist.all_reduce(t, group=gloo)}
-        # 32 MB through each arm per measurement: a few calls of 1 MB would time the barrier's skew, not the call
-        repeat = max(2, (32 << 20) // nbytes)
+        # 64 MB through each arm per measurement: a few calls of 1 MB would time the barrier's skew, not the call
+        repeat = max(4, (64 << 20) // nbytes)
         results["large"][nbytes] = _rounds(arms, rounds, lambda call, repeat=repeat: timed(call, repeat))
     for nbytes in SMALL:
         tensor = torch.ones(max(1, nbytes // 4))
-        array = np.ones(max(1, nbytes // 4), dtype=np.float32)
+        array = tensor.numpy()
         arms = {"backend": backend(tensor), "unchecked": backend(tensor, checked=False),
                 "raw": lambda a=array: comm.Allreduce(MPI.IN_PLACE, a, MPI.SUM),
                 "floor": lambda t=tensor: floor(t, group=bare),
@@ -202,7 +202,8 @@ def main():
                 busy = run_job(2)
     first = next(iter(jobs.values()))
     rows = [MARK, f"The `mpi4py` torch.distributed backend (`rank/torch_backend/`) against raw mpi4py and gloo, "
-            f"in one job per world size under plain mpiexec, one torch thread per rank, arms alternating, medians "
+            f"in one job per world size under plain mpiexec, one torch thread per rank, arms taking turns in a "
+            f"shuffled order, medians "
             f"over {args.rounds} rounds (`python benchmarks/torch_backend.py --rounds {args.rounds}`, "
             f"{datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, torch {first['torch']}, "
             + ", ".join(f"{ranks} ranks {seconds:.0f} s" for ranks, seconds in took.items())
