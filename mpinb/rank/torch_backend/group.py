@@ -57,7 +57,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             self.comm.Allreduce(_IN_PLACE, array(host), mpi_op(op, host.dtype))
             finish(host, op, self._size)
         hosted.done()
-        return work.done(tensors)
+        return work.Done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -75,7 +75,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             if self._rank == root:
                 finish(host, op, self._size)
         hosted.done()
-        return work.done(tensors)
+        return work.Done(tensors)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         op = op_code(opts.reduceOp) if opts is not None else SUM
@@ -92,7 +92,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 self.comm.Reduce_scatter(array(joined), array(out), counts, mpi_op(op, out.dtype))
             finish(out, op, self._size)
             hosted.done()
-        return work.done(outputs)
+        return work.Done(outputs)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = op_code(opts.reduceOp) if opts is not None else SUM
@@ -105,12 +105,12 @@ class MPIProcessGroup(dist.ProcessGroup):
         self.comm.Reduce_scatter_block(array(source), array(out), mpi_op(op, out.dtype))
         finish(out, op, self._size)
         hosted.done()
-        return work.done([output])
+        return work.Done([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         for output, input in zip(outputs, inputs):
             self._reduce_scatter_base(output, input, opts)
-        return work.done(outputs)
+        return work.Done(outputs)
 
     # --- data movement ---
 
@@ -122,7 +122,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             host = hosted(tensor, back=self._rank != root)
             self.comm.Bcast(array(host), root)
         hosted.done()
-        return work.done(tensors)
+        return work.Done(tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         for outputs, input in zip(output_lists, inputs):
@@ -136,7 +136,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 joined = torch.empty(sum(counts), dtype=source.dtype)
                 self.comm.Allgatherv(array(source), [array(joined), counts])
             spread(joined, outputs)
-        return work.done(output_lists)
+        return work.Done(output_lists)
 
     def _allgather_base(self, output, input, opts=None):
         agree(self, "all_gather_into_tensor", input)
@@ -147,18 +147,18 @@ class MPIProcessGroup(dist.ProcessGroup):
                              f"{source.numel()} times the group's {self._size} ranks")
         self.comm.Allgather(array(source), array(out))
         hosted.done()
-        return work.done([output])
+        return work.Done([output])
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         """*output_lists*: one list per rank, holding that rank's part of each of *inputs*."""
         for index, input in enumerate(inputs):
             self.allgather([[outputs[index] for outputs in output_lists]], [input], opts)
-        return work.done(output_lists)
+        return work.Done(output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         for output, input in zip(outputs, inputs):
             self._allgather_base(output, input, opts)
-        return work.done(outputs)
+        return work.Done(outputs)
 
     def gather(self, output_lists, inputs, opts):
         root = opts.rootRank
@@ -171,7 +171,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             spread(joined, outputs)
         else:
             self.comm.Gather(array(source), None, root)
-        return work.done(output_lists)
+        return work.Done(output_lists)
 
     def scatter(self, outputs, input_lists, opts):
         root = opts.rootRank
@@ -183,7 +183,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             joined = torch.cat([t.detach().reshape(-1).cpu() for t in input_lists[0]])
         self.comm.Scatter(array(joined) if joined is not None else None, array(out), root)
         hosted.done()
-        return work.done(outputs)
+        return work.Done(outputs)
 
     def alltoall_base(self, output, input, output_splits, input_splits, opts=None):
         agree(self, "all_to_all_single", input, count=-1 if output_splits or input_splits else None)
@@ -198,7 +198,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             receive = split_counts(output_splits, out, self._size, per_row_out)
             self.comm.Alltoallv([array(source), send], [array(out), receive])
         hosted.done()
-        return work.done([output])
+        return work.Done([output])
 
     def alltoall(self, outputs, inputs, opts=None):
         agree(self, "all_to_all", outputs[0], count=-1)
@@ -208,12 +208,12 @@ class MPIProcessGroup(dist.ProcessGroup):
         joined = torch.empty(sum(receive_counts), dtype=outputs[0].dtype)
         self.comm.Alltoallv([array(torch.cat(sources)), send_counts], [array(joined), receive_counts])
         spread(joined, outputs)
-        return work.done(outputs)
+        return work.Done(outputs)
 
     def barrier(self, opts=None):
         agree(self, "barrier")
         self.comm.Barrier()
-        return work.done([])
+        return work.Done([])
 
     # --- point to point ---
 

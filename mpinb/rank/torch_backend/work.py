@@ -36,9 +36,6 @@ class Done(dist.distributed_c10d.Work):
         return future
 
 
-done = Done  # a collective's result: ``work.done(tensors)``
-
-
 class Pending(dist.distributed_c10d.Work):
     """MPI requests in flight; ``wait()`` completes them and then *then* (the copy of a staged tensor back)."""
 
