@@ -148,9 +148,9 @@ def Bare(comm):
 
 def _rounds(arms, rounds, measure):
     """``{arm: median seconds}`` over *rounds* rounds, arms in a shuffled order each round (the same on every
-    rank: one seed). A rotation would run each arm after the same one every round: gloo's threads go on polling
-    for a while after its call and slow whichever arm comes next (the backend, 1.3x the floor at 16 MB on the
-    tensor they share, where after another arm it is 1.0x)."""
+    rank: one seed). A rotation would run each arm after the same one every round, and the call after gloo's is
+    slower (why, not measured): the backend, run after gloo, was 1.3x the floor at 16 MB on the tensor they share,
+    and 1.0x after another arm."""
     names = list(arms)
     times = {name: [] for name in names}
     shuffled = random.Random(len(names))
